@@ -1,0 +1,237 @@
+"""The bidirectional language model: token encoder + forward and backward LSTM stacks.
+
+Layers returned for each token t (P = projection size)::
+
+    E0 = [e_t ; e_t]             the char-CNN token embedding, duplicated     (B, T, 2P)
+    Ek = [fwd_k(t) ; bwd_k(t)]   k = 1 .. n_layers                            (B, T, 2P)
+
+Each sentence is wrapped in ``<S> ... </S>`` before the LSTMs (as the published models were
+trained); those two positions are removed from the output unless asked for.
+
+State: by default every sentence starts from the zero state, so a sentence's output never
+depends on its batch mates or on what ran before. ``stateful=True`` reproduces the original
+implementations exactly: the final ``(c, h)`` of batch row r is the initial state of row r in
+the next batch (rows beyond the stored ones start from zero); :meth:`reset_states` forgets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .chars import BOS_IDS, EOS_IDS, batch_to_ids
+from .config import ElmoConfig
+from .encoder import CharCNNEncoder
+from .errors import ElmoError
+from .lstm import BiLstmLayer, lstm_layer_fast
+
+State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
+
+
+@dataclass
+class BiLMOutput:
+    layers: list[torch.Tensor]   # n_layers + 1 tensors, each (B, T, 2P); zeros at padded positions
+    mask: torch.Tensor           # (B, T) bool, True at real tokens
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row of ``x (..., B, T, F)`` within its own length; padding stays in place.
+
+    It is its own inverse, which is how backward outputs are re-aligned.
+    """
+    B, T = x.shape[-3], x.shape[-2]
+    t = torch.arange(T, device=x.device).expand(B, T)
+    L = lengths.to(x.device).unsqueeze(1)
+    idx = torch.where(t < L, L - 1 - t, t)
+    idx = idx.unsqueeze(-1).expand(x.shape)
+    return x.gather(-2, idx)
+
+
+class BiLM(nn.Module):
+    def __init__(self, config: ElmoConfig, stateful: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = CharCNNEncoder(config)
+        P, D = config.projection_dim, config.lstm_dim
+        self.layers = nn.ModuleList(BiLstmLayer(P, D, P) for _ in range(config.n_layers))
+        self.stateful = stateful
+        self.dropout = 0.0  # on each layer's input, in training mode (bilm-tf's placement)
+        self._state: State | None = None
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim
+
+    @property
+    def num_layers(self) -> int:
+        """Number of representations E0 .. E_L (n_layers + 1)."""
+        return self.config.num_layers_out
+
+    # -- state -----------------------------------------------------------------------------------
+    def reset_states(self) -> None:
+        self._state = None
+
+    def zero_state(self, batch_size: int, ref: torch.Tensor) -> State:
+        D, P = self.config.lstm_dim, self.config.projection_dim
+        return [(ref.new_zeros(2, batch_size, D), ref.new_zeros(2, batch_size, P))
+                for _ in self.layers]
+
+    def _initial_state(self, B: int, ref: torch.Tensor) -> State:
+        init = self.zero_state(B, ref)
+        if not (self.stateful and self._state is not None):
+            return init
+        out = []
+        for (c0, h0), (cs, hs) in zip(init, self._state):
+            n = min(B, cs.shape[1])
+            c0[:, :n], h0[:, :n] = cs[:, :n].to(c0), hs[:, :n].to(h0)
+            out.append((c0, h0))
+        return out
+
+    def _store_state(self, final: State) -> None:
+        B = final[0][0].shape[1]
+        if self._state is None or self._state[0][0].shape[1] <= B:
+            self._state = [(c.detach(), h.detach()) for c, h in final]
+            return
+        # A smaller batch updates its rows only; the rows beyond it keep their carried state.
+        kept = []
+        for (c, h), (cs, hs) in zip(final, self._state):
+            kept.append((torch.cat([c.detach(), cs[:, B:]], 1), torch.cat([h.detach(), hs[:, B:]], 1)))
+        self._state = kept
+
+    # -- the two stacks --------------------------------------------------------------------------
+    def run_stacks(self, x: torch.Tensor, lengths: torch.Tensor, state: State | None = None
+                   ) -> tuple[list[torch.Tensor], State]:
+        """Both LSTM stacks over direction-stacked inputs.
+
+        Parameters
+        ----------
+        x : ``(2, B, T, P)``: [0] the forward LM's input sequence, [1] the backward LM's (already
+            in reading order, i.e. reversed), each row valid up to ``lengths[b]``.
+        lengths : ``(B,)`` long.
+        state : initial state, per layer ``c (2, B, D), h (2, B, P)``; zeros if None.
+
+        Returns
+        -------
+        per layer ``(2, B, T, P)`` outputs (in each direction's reading order), and the final state.
+        """
+        B = x.shape[1]
+        if state is None:
+            state = self.zero_state(B, x)
+        cfg = self.config
+        # Sort rows by length once; each step then works on a shrinking prefix of the batch.
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order].tolist()
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(B, device=order.device)
+        h_in = x[:, order]
+        outs, final = [], []
+        for k, layer in enumerate(self.layers):
+            if self.training and self.dropout > 0:
+                h_in = nn.functional.dropout(h_in, self.dropout, True)
+            c0, h0 = state[k]
+            out, c, h = lstm_layer_fast(layer, h_in, sorted_lengths, c0[:, order], h0[:, order],
+                                        cfg.cell_clip, cfg.proj_clip)
+            if cfg.use_skip_connections and k > 0:
+                out = out + h_in
+            outs.append(out)
+            final.append((c[:, inv], h[:, inv]))
+            h_in = out
+        return [o[:, inv] for o in outs], final
+
+    # -- public API ------------------------------------------------------------------------------
+    def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
+        """Parameters: ``char_ids (B, T, 50)`` from :func:`elmo.batch_to_ids` (no ``<S>``/``</S>``).
+
+        Returns :class:`BiLMOutput` with layers ``(B, T, 2P)`` (``T + 2`` with the boundaries kept).
+        """
+        if char_ids.dim() != 3 or char_ids.shape[-1] != self.config.max_characters_per_token:
+            raise ElmoError(f"BiLM: expected char ids of shape (batch, tokens, "
+                            f"{self.config.max_characters_per_token}), got {tuple(char_ids.shape)}")
+        B, T, C = char_ids.shape
+        if B == 0:
+            raise ElmoError("BiLM: empty batch (no sentences)")
+        device = char_ids.device
+        mask = char_ids[..., 0] > 0
+        lengths = mask.sum(1)
+        # Wrap in <S> ... </S>.
+        ids = char_ids.new_zeros(B, T + 2, C)
+        ids[:, 1:T + 1] = char_ids
+        ids[:, 0] = torch.tensor(BOS_IDS, device=device)
+        ids[torch.arange(B, device=device), lengths + 1] = torch.tensor(EOS_IDS, device=device)
+        full_len = lengths + 2
+        full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
+
+        e = self.encoder(ids)                                      # (B, T+2, P)
+        x = torch.stack([e, reverse_padded(e, full_len)])           # (2, B, T+2, P)
+        init = self._initial_state(B, e) if self.stateful else None
+        outs, final = self.run_stacks(x, full_len, init)
+        if self.stateful:
+            self._store_state(final)
+
+        layers = [torch.cat([e, e], dim=-1)]
+        for out in outs:
+            layers.append(torch.cat([out[0], reverse_padded(out[1], full_len)], dim=-1))
+        if keep_sentence_boundaries:
+            m = full_mask.unsqueeze(-1).to(e.dtype)
+            return BiLMOutput([layer * m for layer in layers], full_mask)
+        m = mask.unsqueeze(-1).to(e.dtype)
+        return BiLMOutput([layer[:, 1:T + 1] * m for layer in layers], mask)
+
+    def embed_sentences(self, sentences: list[list[str]], **kw) -> BiLMOutput:
+        """Convenience: tokens in, layers out, on this model's device."""
+        return self(batch_to_ids(sentences).to(self.device), **kw)
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.proj.weight.device
+
+    # -- loading and saving ----------------------------------------------------------------------
+    @classmethod
+    def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> "BiLM":
+        """A model from published ``options.json`` + HDF5 weights (paths or URLs)."""
+        from .weights import cached_path, load_published_weights
+        model = cls(ElmoConfig.from_json_file(cached_path(options_file)), **kw)
+        load_published_weights(model, cached_path(weight_file))
+        return model.eval()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> "BiLM":
+        """Load a model by registry name (downloaded once, then cached), ``"default"`` (the
+        model shipped in the package), or a directory in the native or the published layout."""
+        from . import weights as W
+        name = str(name_or_path)
+        path = W.default_model_dir() if name == "default" else Path(name)
+        if path.is_dir():
+            if (path / W.CONFIG_NAME).is_file():
+                model = cls(ElmoConfig.from_json_file(path / W.CONFIG_NAME), **kw)
+                W.load_native(model, path)
+                return model.eval()
+            found = W.find_published_files(path)
+            if found is None:
+                raise ElmoError(f"{path}: neither a native model ({W.CONFIG_NAME} + {W.WEIGHTS_NAME}) "
+                                "nor a published one (*options.json + *weights*.hdf5)")
+            return cls.from_published(*found, **kw)
+        if name in W.REGISTRY or name in W.ALIASES:
+            return cls.from_published(*W.resolve_published(name), **kw)
+        raise ElmoError(f"{name}: no such model directory, and not a published model name "
+                        f"({', '.join(W.REGISTRY)})")
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``."""
+        from .weights import save_native
+        return save_native(self, out_dir)
+
+    def export_published(self, out_dir: str | Path, name: str = "elmo") -> tuple[Path, Path]:
+        """Write ``<name>_options.json`` + ``<name>_weights.hdf5`` that bilm-tf/AllenNLP can read."""
+        from .weights import export_published
+        return export_published(self, out_dir, name)
+
+    @torch.no_grad()
+    def cache_token_embeddings(self, vocab: list[str]) -> None:
+        """Precompute E0 for ``vocab`` (e.g. a task's training vocabulary); other tokens still work."""
+        from .chars import word_to_char_ids
+        ids = torch.tensor([word_to_char_ids(w) for w in vocab], dtype=torch.long, device=self.device)
+        self.encoder.build_cache(ids)

@@ -1,0 +1,199 @@
+"""Model configuration in the published ``options.json`` schema.
+
+The published biLM (bilm-tf, AllenNLP) describes a model with a nested JSON object::
+
+    {"lstm": {"dim", "projection_dim", "n_layers", "cell_clip", "proj_clip", "use_skip_connections"},
+     "char_cnn": {"embedding": {"dim"}, "filters", "n_highway", "n_characters",
+                  "max_characters_per_token", "activation"}}
+
+:class:`ElmoConfig` is the flat, typed view of it. We keep the published schema as the on-disk
+format of our own models too, so every model this library makes exports to the published layout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ElmoError
+
+# Keys bilm-tf writes into training configs; harmless at inference, so accepted and ignored.
+TRAINING_KEYS = {
+    "bidirectional", "dropout", "all_clip_norm_val", "n_epochs", "n_train_tokens", "batch_size",
+    "n_tokens_vocab", "unroll_steps", "n_negative_samples_batch", "learning_rate",
+    "share_embedding_softmax", "sample_softmax",
+}
+LSTM_REQUIRED = {"dim", "projection_dim", "n_layers"}
+LSTM_OPTIONAL = {"cell_clip", "proj_clip", "use_skip_connections"}
+CNN_REQUIRED = {"embedding", "filters", "n_characters", "max_characters_per_token"}
+CNN_OPTIONAL = {"n_highway", "activation"}
+MAX_CHARS = 50
+N_CHARACTERS = 262  # 261 published char ids (+1 shifted) plus id 0 for padded token positions
+
+
+@dataclass
+class ElmoConfig:
+    """Shapes and constants of a biLM. Defaults are the published small model."""
+
+    lstm_dim: int = 1024                 # D: LSTM cell size
+    projection_dim: int = 128            # P: projected hidden size, and the token embedding size
+    n_layers: int = 2
+    cell_clip: float | None = 3.0
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+    char_embed_dim: int = 16
+    filters: list[list[int]] = field(default_factory=lambda: [
+        [1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]])
+    n_highway: int = 1
+    activation: str = "relu"
+    n_characters: int = N_CHARACTERS
+    max_characters_per_token: int = MAX_CHARS
+
+    def __post_init__(self) -> None:
+        self.filters = [[int(w), int(n)] for w, n in self.filters]
+        self.validate()
+
+    # -- derived sizes ---------------------------------------------------------------------------
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+    @property
+    def output_dim(self) -> int:
+        """Size of each ELMo layer E_k: forward and backward concatenated."""
+        return 2 * self.projection_dim
+
+    @property
+    def num_layers_out(self) -> int:
+        """Number of representations E_0 .. E_L."""
+        return self.n_layers + 1
+
+    def validate(self, source: str = "config") -> None:
+        def bad(msg: str) -> ElmoError:
+            return ElmoError(f"{source}: {msg}")
+
+        for name in ("lstm_dim", "projection_dim", "n_layers", "char_embed_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise bad(f"option {name} must be a positive integer, got {v!r}")
+        if self.n_highway < 0:
+            raise bad(f"option n_highway must be >= 0, got {self.n_highway}")
+        if self.activation not in ("relu", "tanh"):
+            raise bad(f"option char_cnn.activation must be 'relu' or 'tanh', got {self.activation!r}")
+        if self.n_characters != N_CHARACTERS:
+            raise bad(f"option char_cnn.n_characters is {self.n_characters}; this model format needs "
+                      f"{N_CHARACTERS} (261 character ids + padding; 261 from a training config is accepted)")
+        if self.max_characters_per_token != MAX_CHARS:
+            raise bad(f"option char_cnn.max_characters_per_token must be {MAX_CHARS}, "
+                      f"got {self.max_characters_per_token}")
+        if not self.filters:
+            raise bad("option char_cnn.filters is empty")
+        for w, n in self.filters:
+            if not (1 <= w <= MAX_CHARS) or n < 1:
+                raise bad(f"option char_cnn.filters has a bad entry [{w}, {n}]")
+
+    # -- the published schema ----------------------------------------------------------------------
+    @classmethod
+    def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
+        """Parse a published ``options.json`` object; ``source`` names the file in errors."""
+        if not isinstance(options, dict):
+            raise ElmoError(f"{source}: expected a JSON object, got {type(options).__name__}")
+        _check_keys(options, {"lstm", "char_cnn"}, TRAINING_KEYS, source, "")
+        lstm, cnn = options["lstm"], options["char_cnn"]
+        for sect, d in (("lstm", lstm), ("char_cnn", cnn)):
+            if not isinstance(d, dict):
+                raise ElmoError(f"{source}: option {sect} must be an object")
+        _check_keys(lstm, LSTM_REQUIRED, LSTM_OPTIONAL, source, "lstm.")
+        _check_keys(cnn, CNN_REQUIRED, CNN_OPTIONAL, source, "char_cnn.")
+        emb = cnn["embedding"]
+        if not isinstance(emb, dict):
+            raise ElmoError(f"{source}: option char_cnn.embedding must be an object")
+        _check_keys(emb, {"dim"}, set(), source, "char_cnn.embedding.")
+        n_chars = int(cnn["n_characters"])
+        if n_chars == N_CHARACTERS - 1:  # a bilm-tf training config; ids are shifted at inference
+            n_chars = N_CHARACTERS
+        try:
+            cfg = cls(
+                lstm_dim=int(lstm["dim"]),
+                projection_dim=int(lstm["projection_dim"]),
+                n_layers=int(lstm["n_layers"]),
+                cell_clip=_clip(lstm.get("cell_clip")),
+                proj_clip=_clip(lstm.get("proj_clip")),
+                use_skip_connections=bool(lstm.get("use_skip_connections", False)),
+                char_embed_dim=int(emb["dim"]),
+                filters=[list(f) for f in cnn["filters"]],
+                n_highway=int(cnn.get("n_highway") or 0),
+                activation=str(cnn.get("activation", "relu")),
+                n_characters=n_chars,
+                max_characters_per_token=int(cnn["max_characters_per_token"]),
+            )
+        except ElmoError as e:
+            raise ElmoError(f"{source}: {str(e).split(': ', 1)[-1]}") from None
+        except (TypeError, ValueError) as e:
+            raise ElmoError(f"{source}: malformed option value ({e})") from None
+        return cfg
+
+    def to_options(self) -> dict[str, Any]:
+        return {
+            "lstm": {
+                "dim": self.lstm_dim, "projection_dim": self.projection_dim, "n_layers": self.n_layers,
+                "cell_clip": self.cell_clip, "proj_clip": self.proj_clip,
+                "use_skip_connections": self.use_skip_connections,
+            },
+            "char_cnn": {
+                "embedding": {"dim": self.char_embed_dim}, "filters": self.filters,
+                "n_highway": self.n_highway, "n_characters": self.n_characters,
+                "max_characters_per_token": self.max_characters_per_token,
+                "activation": self.activation,
+            },
+        }
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "ElmoConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ElmoError(f"{path}: cannot read options file ({e.strerror})") from None
+        try:
+            options = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ElmoError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        return cls.from_options(options, source=str(path))
+
+    def to_json_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_options(), indent=2) + "\n", encoding="utf-8")
+
+    def asdict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _clip(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _check_keys(d: dict, required: set[str], optional: set[str], source: str, prefix: str) -> None:
+    missing = sorted(required - d.keys())
+    if missing:
+        raise ElmoError(f"{source}: missing option {', '.join(prefix + k for k in missing)}")
+    extra = sorted(d.keys() - required - optional)
+    if extra:
+        raise ElmoError(f"{source}: unknown option {', '.join(prefix + k for k in extra)}")
+
+
+# Shapes of the published models (see the README table); 'tiny' is the fixture's shape, for tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(lstm_dim=64, projection_dim=16, char_embed_dim=4, n_highway=2,
+                 filters=[[1, 4], [2, 8], [3, 16], [4, 32], [5, 64]]),
+    "small": dict(lstm_dim=1024, projection_dim=128, n_highway=1),
+    "medium": dict(lstm_dim=2048, projection_dim=256, n_highway=1),
+    "original": dict(lstm_dim=4096, projection_dim=512, n_highway=2),
+}
+
+
+def preset(name: str, **overrides: Any) -> ElmoConfig:
+    if name not in PRESETS:
+        raise ElmoError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return ElmoConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,301 @@
+"""Weights: the published bilm-tf/AllenNLP HDF5 layout, our native safetensors format, the
+registry of published models, and cached downloads.
+
+Published layout (``options.json`` + HDF5, see ``docs/format.md``)::
+
+    char_embed                                   (261, E)      row k is char id k + 1
+    CNN/W_cnn_i, CNN/b_cnn_i                     (1, w_i, E, n_i), (n_i,)
+    CNN_high_k/{W,b}_{carry,transform}           (n, n), (n,)
+    CNN_proj/W_proj, CNN_proj/b_proj             (n, P), (P,)
+    RNN_d/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_0  (P + P, 4D)   rows [x; h], columns i, j, f, o
+                                         .../B   (4D,)         without the forget bias
+                                         .../W_P_0 (D, P)
+
+Native layout: a directory with ``config.json`` (the same options schema) and
+``model.safetensors`` (the module's state dict).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import ElmoConfig
+from .errors import ElmoError
+from .fileio import atomic_path
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+_S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+REGISTRY: dict[str, dict[str, str | None]] = {
+    name: {
+        "options": f"{_S3}/{name}/elmo_{name}_options.json",
+        "weights": f"{_S3}/{name}/elmo_{name}_weights.hdf5",
+        # The checksums of the published files could not be taken here (no internet). Where
+        # None, the digest taken at first download is recorded and checked on every later use.
+        "options_sha256": None,
+        "weights_sha256": None,
+    }
+    for name in (
+        "2x1024_128_2048cnn_1xhighway",
+        "2x2048_256_2048cnn_1xhighway",
+        "2x4096_512_2048cnn_2xhighway",
+        "2x4096_512_2048cnn_2xhighway_5.5B",
+    )
+}
+ALIASES = {"small": "2x1024_128_2048cnn_1xhighway", "medium": "2x2048_256_2048cnn_1xhighway",
+           "original": "2x4096_512_2048cnn_2xhighway", "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B"}
+
+
+# ------------------------------------------------------------------------------------------------
+# The published HDF5 layout, written once as (name, shape, read-from-model, write-into-model).
+# ------------------------------------------------------------------------------------------------
+Entry = tuple[str, tuple[int, ...], Callable[[], np.ndarray], Callable[[np.ndarray], None]]
+
+
+def _published_layout(bilm) -> list[Entry]:
+    cfg: ElmoConfig = bilm.config
+    enc = bilm.encoder
+    E, n, P, D = cfg.char_embed_dim, cfg.n_filters, cfg.projection_dim, cfg.lstm_dim
+    entries: list[Entry] = []
+
+    def add(name, shape, get, put):
+        entries.append((name, tuple(shape), get, put))
+
+    def np_(t: torch.Tensor) -> np.ndarray:
+        return t.detach().cpu().float().numpy()
+
+    def setter(param: torch.Tensor, transform=lambda a: a):
+        def put(a: np.ndarray) -> None:
+            with torch.no_grad():
+                param.copy_(torch.from_numpy(np.ascontiguousarray(transform(a))))
+        return put
+
+    w = enc.char_embed.weight
+    add("char_embed", (cfg.n_characters - 1, E), lambda: np_(w[1:]), setter(w[1:]))
+    for i, ((width, count), conv) in enumerate(zip(cfg.filters, enc.convs)):
+        add(f"CNN/W_cnn_{i}", (1, width, E, count), lambda c=conv: np_(c.weight.permute(2, 1, 0))[None],
+            setter(conv.weight, lambda a: a[0].transpose(2, 1, 0)))
+        add(f"CNN/b_cnn_{i}", (count,), lambda c=conv: np_(c.bias), setter(conv.bias))
+    for k, hw in enumerate(enc.highways):
+        for part, rows in (("transform", slice(0, n)), ("carry", slice(n, 2 * n))):
+            add(f"CNN_high_{k}/W_{part}", (n, n), lambda r=rows, h=hw: np_(h.proj.weight[r].T),
+                setter(hw.proj.weight[rows], lambda a: a.T))
+            add(f"CNN_high_{k}/b_{part}", (n,), lambda r=rows, h=hw: np_(h.proj.bias[r]),
+                setter(hw.proj.bias[rows]))
+    add("CNN_proj/W_proj", (n, P), lambda: np_(enc.proj.weight.T), setter(enc.proj.weight, lambda a: a.T))
+    add("CNN_proj/b_proj", (P,), lambda: np_(enc.proj.bias), setter(enc.proj.bias))
+    for l, layer in enumerate(bilm.layers):
+        for d in range(2):
+            base = f"RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell"
+            in_dim = layer.input_dim
+
+            def put_w0(a, layer=layer, d=d, in_dim=in_dim):
+                with torch.no_grad():
+                    layer.w_x[d].copy_(torch.from_numpy(np.ascontiguousarray(a[:in_dim])))
+                    layer.w_h[d].copy_(torch.from_numpy(np.ascontiguousarray(a[in_dim:])))
+
+            add(f"{base}/W_0", (in_dim + P, 4 * D),
+                lambda layer=layer, d=d: np_(torch.cat([layer.w_x[d], layer.w_h[d]])), put_w0)
+            add(f"{base}/B", (4 * D,), lambda layer=layer, d=d: np_(layer.bias[d]), setter(layer.bias[d]))
+            add(f"{base}/W_P_0", (D, P), lambda layer=layer, d=d: np_(layer.w_p[d]), setter(layer.w_p[d]))
+    return entries
+
+
+def load_published_weights(bilm, weight_file: str | Path) -> None:
+    """Copy a published HDF5 weight file into ``bilm`` (whose config came from its options)."""
+    import h5py
+
+    weight_file = Path(weight_file)
+    if not weight_file.is_file():
+        raise ElmoError(f"{weight_file}: weight file not found")
+    if not h5py.is_hdf5(weight_file):
+        raise ElmoError(f"{weight_file}: not an HDF5 file")
+    with h5py.File(weight_file, "r") as f:
+        for name, shape, _, put in _published_layout(bilm):
+            if name not in f or not isinstance(f[name], h5py.Dataset):
+                raise ElmoError(f"{weight_file}: missing dataset {name!r} (the options ask for it)")
+            ds = f[name]
+            if tuple(ds.shape) != shape:
+                raise ElmoError(f"{weight_file}: dataset {name!r} has shape {tuple(ds.shape)}, "
+                                f"the options imply {shape}")
+            put(np.asarray(ds[...], dtype=np.float32))
+    bilm.encoder.clear_cache()
+
+
+def export_published(bilm, out_dir: str | Path, name: str = "elmo") -> tuple[Path, Path]:
+    """Write ``<name>_options.json`` and ``<name>_weights.hdf5`` in the published layout."""
+    import h5py
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    options_path, weights_path = out_dir / f"{name}_options.json", out_dir / f"{name}_weights.hdf5"
+    with atomic_path(weights_path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            for ds_name, shape, get, _ in _published_layout(bilm):
+                arr = get()
+                assert arr.shape == shape, (ds_name, arr.shape, shape)
+                f.create_dataset(ds_name, data=arr)
+    with atomic_path(options_path) as tmp:
+        bilm.config.to_json_file(tmp)
+    return options_path, weights_path
+
+
+# ------------------------------------------------------------------------------------------------
+# Native format.
+# ------------------------------------------------------------------------------------------------
+def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None,
+                extra_config: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in bilm.state_dict().items()}
+    for k, v in (extra_tensors or {}).items():
+        tensors[k] = v.detach().cpu().contiguous()
+    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "elmo-native-1"})
+    with atomic_path(out_dir / CONFIG_NAME) as tmp:
+        bilm.config.to_json_file(tmp)
+    if extra_config:
+        with atomic_path(out_dir / "training.json") as tmp:
+            tmp.write_text(json.dumps(extra_config, indent=2) + "\n")
+    return out_dir
+
+
+def load_native_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(model_dir) / WEIGHTS_NAME
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ElmoError(f"{path}: cannot read safetensors weights ({e})") from None
+
+
+def load_native(bilm, model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Load a native model's weights into ``bilm``; returns tensors that are not the biLM's
+    (e.g. a trained softmax), so callers that know them can use them."""
+    tensors = load_native_tensors(model_dir)
+    own = bilm.state_dict()
+    path = Path(model_dir) / WEIGHTS_NAME
+    for k, v in own.items():
+        if k not in tensors:
+            raise ElmoError(f"{path}: missing tensor {k!r}")
+        if tuple(tensors[k].shape) != tuple(v.shape):
+            raise ElmoError(f"{path}: tensor {k!r} has shape {tuple(tensors[k].shape)}, "
+                            f"config.json implies {tuple(v.shape)}")
+    bilm.load_state_dict({k: tensors[k] for k in own})
+    bilm.encoder.clear_cache()
+    return {k: v for k, v in tensors.items() if k not in own}
+
+
+# ------------------------------------------------------------------------------------------------
+# Downloads.
+# ------------------------------------------------------------------------------------------------
+def default_model_dir() -> Path:
+    """The small model shipped inside the package (see its MODEL_CARD.md)."""
+    d = Path(__file__).parent / "default_model"
+    if not (d / CONFIG_NAME).is_file():
+        raise ElmoError(f"{d}: the embedded default model is missing from this installation")
+    return d
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ELMO_CACHE", Path.home() / ".cache" / "elmo"))
+
+
+def _offline() -> bool:
+    return os.environ.get("ELMO_OFFLINE", "") not in ("", "0")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str | Path | None = None,
+                offline: bool | None = None, progress: bool = True) -> Path:
+    """A local path for a file given as a path or an http(s)/file URL.
+
+    URLs are downloaded once into the cache directory (``$ELMO_CACHE`` or ``~/.cache/elmo``),
+    through a temporary file renamed at the end, and checked against ``sha256`` when given; the
+    digest is recorded beside the file and re-checked on each use, so a corrupted cache is caught.
+    With ``offline`` (or ``ELMO_OFFLINE=1``) only the cache is used.
+    """
+    s = str(url_or_path)
+    parsed = urllib.parse.urlparse(s)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and sys.platform == "win32"):
+        p = Path(urllib.request.url2pathname(parsed.path)) if parsed.scheme == "file" else Path(s)
+        if not p.exists():
+            raise ElmoError(f"{p}: file not found")
+        return p
+    if parsed.scheme not in ("http", "https"):
+        raise ElmoError(f"{s}: unsupported URL scheme {parsed.scheme!r}")
+    root = Path(cache) if cache is not None else cache_dir()
+    key = hashlib.sha256(s.encode()).hexdigest()[:16]
+    target = root / f"{key}-{Path(parsed.path).name or 'download'}"
+    digest_file = target.with_name(target.name + ".sha256")
+    if target.exists():
+        recorded = digest_file.read_text().strip() if digest_file.exists() else None
+        want = sha256 or recorded
+        if want is None or _sha256(target) == want:
+            return target
+        if offline or (offline is None and _offline()):
+            raise ElmoError(f"{target}: cached copy of {s} fails its checksum and offline mode is on")
+        target.unlink()
+    if offline or (offline is None and _offline()):
+        raise ElmoError(f"{s}: not in the cache {root} and offline mode is on (ELMO_OFFLINE)")
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(s, timeout=60) as resp, atomic_path(target) as tmp:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            from tqdm.auto import tqdm
+            with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=target.name,
+                                               disable=not progress or not sys.stderr.isatty()) as bar:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+            got = _sha256(tmp)
+            if sha256 is not None and got != sha256:
+                raise ElmoError(f"{s}: checksum mismatch (got sha256 {got}, expected {sha256})")
+    except ElmoError:
+        raise
+    except OSError as e:  # URLError, HTTPError, timeouts are all OSErrors
+        raise ElmoError(f"{s}: download failed ({e})") from None
+    digest_file.write_text(got + "\n")
+    return target
+
+
+def resolve_published(name: str) -> tuple[Path, Path]:
+    """Download (or find in the cache) a registry model's options and weights."""
+    name = ALIASES.get(name, name)
+    if name not in REGISTRY:
+        raise ElmoError(f"unknown model {name!r}; published models: {', '.join(REGISTRY)}")
+    entry = REGISTRY[name]
+    return (cached_path(entry["options"], entry["options_sha256"]),
+            cached_path(entry["weights"], entry["weights_sha256"]))
+
+
+def find_published_files(model_dir: Path) -> tuple[Path, Path] | None:
+    """An ``*options.json`` and an ``*.hdf5`` weight file in a directory, if it holds one of each."""
+    opts = sorted(model_dir.glob("*options.json"))
+    weights = [p for p in sorted(model_dir.glob("*.hdf5")) if "weights" in p.name] or \
+        sorted(model_dir.glob("*weights*.hdf5")) or sorted(model_dir.glob("*.hdf5"))
+    if len(opts) == 1 and weights:
+        return opts[0], weights[0]
+    return None
