@@ -1,0 +1,46 @@
+"""The ``elmo`` command line: one subcommand per pipeline, each a thin layer over the library.
+
+Each pipeline module exposes ``add_subcommand(subparsers)``, which registers its parser and sets
+``func`` (taking the parsed args, returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import ElmoError
+
+# Modules that contribute subcommands, in the order `elmo --help` lists them.
+SUBCOMMAND_MODULES = ["elmo.info"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elmo", description="ELMo: deep contextualized word representations")
+    parser.add_argument("--version", action="version", version=f"elmo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).add_subcommand(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ElmoError as e:
+        print(f"elmo {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
