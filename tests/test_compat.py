@@ -1,0 +1,82 @@
+"""Exactness against the original TensorFlow biLM's outputs (../shared/fixtures)."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmo import BiLM, batch_to_ids
+
+
+def _check_stateful(model_dir, sentences_file):
+    model = BiLM.from_pretrained(model_dir, stateful=True)
+    sentences = json.loads((model_dir / sentences_file).read_text())
+    expected = [h5py.File(model_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
+    P = model.config.projection_dim
+    n_checked = 0
+    with torch.no_grad():
+        for i in range(10):
+            batch = [sentences[k][i].split() for k in range(3)]
+            top = model(batch_to_ids(batch)).layers[-1]
+            for k, toks in enumerate(batch):
+                got = top[k, : len(toks)]
+                got = torch.stack([got[:, :P], got[:, P:]]).numpy()
+                want = expected[k][str(i)][...]
+                assert want.shape == got.shape
+                np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5,
+                                           err_msg=f"sentence {k}/{i}")
+                n_checked += 1
+    assert n_checked == 30
+
+
+def test_allennlp_fixture_stateful(allennlp_dir):
+    _check_stateful(allennlp_dir, "sentences.json")
+
+
+def test_bilmtf_fixture_no_skip_connections(bilmtf_dir):
+    assert json.loads((bilmtf_dir / "options.json").read_text())["lstm"]["use_skip_connections"] is False
+    _check_stateful(bilmtf_dir, "lm_embeddings_sentences.json")
+
+
+def test_stateless_differs_from_fixture(allennlp_dir):
+    # The fixture's later batches depend on the carried state: stateless output must not match it,
+    # otherwise the stateful tests above would not be testing the carry.
+    model = BiLM.from_pretrained(allennlp_dir)
+    sentences = json.loads((allennlp_dir / "sentences.json").read_text())
+    with h5py.File(allennlp_dir / "lm_embeddings_0.hdf5", "r") as f:
+        want = f["5"][...]
+    with torch.no_grad():
+        top = model(batch_to_ids([sentences[0][5].split()])).layers[-1][0].numpy()
+    P = model.config.projection_dim
+    assert np.abs(np.stack([top[:, :P], top[:, P:]]) - want).max() > 1e-2
+
+
+def test_token_embeddings(allennlp_dir, fixture_model):
+    vocab = (allennlp_dir / "vocab_test.txt").read_text(encoding="utf-8").split("\n")
+    with h5py.File(allennlp_dir / "elmo_token_embeddings.hdf5", "r") as f:
+        want = f["embedding"][...]
+    assert len(vocab) == want.shape[0]
+    with torch.no_grad():
+        got = fixture_model.encoder(batch_to_ids([vocab]))[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    # E0 is the token embedding duplicated.
+    with torch.no_grad():
+        e0 = fixture_model(batch_to_ids([vocab[:20]])).layers[0][0].numpy()
+    np.testing.assert_allclose(e0, np.concatenate([want[:20], want[:20]], 1), atol=1e-6)
+
+
+@pytest.mark.parametrize("fixture", ["allennlp_dir", "bilmtf_dir"])
+def test_token_cache_matches_uncached(fixture, request):
+    model_dir = request.getfixturevalue(fixture)
+    model = BiLM.from_pretrained(model_dir)
+    vocab = (model_dir / "vocab_test.txt").read_text(encoding="utf-8").split()
+    sents = [vocab[i:i + 7] + ["unseen-word", "zzzqqq"] for i in range(0, 70, 7)]
+    with torch.no_grad():
+        plain = model.embed_sentences(sents).layers
+        model.cache_token_embeddings(vocab)
+        cached = model.embed_sentences(sents).layers
+    for a, b in zip(plain, cached):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert model.encoder._cache is not None
