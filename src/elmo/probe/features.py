@@ -1,0 +1,197 @@
+"""Frozen-biLM features for probing, cached on disk.
+
+For a list of tokenised sentences, :func:`extract` runs the biLM once (no gradients, eval mode)
+and stores every layer's representation of every token, or of every requested span (a span's
+vector is the mean over its tokens: WSD instances that are multi-word units). The cache file is
+HDF5, keyed by a fingerprint of the model's weights and of the data, so a rerun (or another probe
+on the same data) reads the file instead of running the biLM::
+
+    features  (L, N, F) float16   L = n_layers + 1 (E0 .. E_L), N tokens or spans, F = 2P
+    offsets   (S + 1,)  int64     rows of sentence s are offsets[s]:offsets[s + 1] (token mode)
+
+Storage is float16 (halves the disk and memory; probe accuracies are unaffected at 1e-3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import h5py
+import numpy as np
+import torch
+
+from ..bilm import BiLM
+from ..chars import batch_to_ids
+from ..errors import ElmoError
+from ..fileio import atomic_path
+
+FORMAT_VERSION = 1
+Span = tuple[int, int, int]  # (sentence index, start token, end token exclusive)
+
+
+def model_fingerprint(bilm: BiLM) -> str:
+    """SHA-256 (16 hex digits) over the config and every parameter and buffer, in order."""
+    h = hashlib.sha256(json.dumps(bilm.config.to_options(), sort_keys=True).encode())
+    for name, t in bilm.state_dict().items():
+        if "cache" in name:  # token-embedding caches are derived data, not weights
+            continue
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(sentences: Sequence[Sequence[str]], spans: Sequence[Span] | None = None) -> str:
+    h = hashlib.sha256(f"v{FORMAT_VERSION}".encode())
+    for s in sentences:
+        h.update("\x1f".join(s).encode())
+        h.update(b"\x1e")
+    if spans is not None:
+        h.update(np.asarray(spans, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Features:
+    """Cached features; ``layer(k)`` loads one layer as float32 ``(N, F)``."""
+
+    path: Path
+    num_layers: int
+    n: int
+    dim: int
+    offsets: np.ndarray | None  # token mode only
+
+    def layer(self, k: int, rows: np.ndarray | slice | None = None) -> np.ndarray:
+        with h5py.File(self.path, "r") as f:
+            x = f["features"][k]
+        return (x if rows is None else x[rows]).astype(np.float32)
+
+    def all_layers(self, rows: np.ndarray | slice | None = None) -> np.ndarray:
+        """``(L, N, F)`` float16 (cast per batch; all layers of a big set in float32 is a lot)."""
+        with h5py.File(self.path, "r") as f:
+            x = f["features"][...]
+        return x if rows is None else x[:, rows]
+
+
+def _batches(lengths: list[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
+    # Sort by length so padding is small; a batch holds at most max_tokens padded tokens.
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out, cur = [], []
+    for i in order:
+        width = max(lengths[cur[0]] if cur else 0, lengths[i])
+        if cur and (width * (len(cur) + 1) > max_tokens or len(cur) >= max_sentences):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def validate_sentences(sentences: Sequence[Sequence[str]], what: str = "data") -> None:
+    for i, s in enumerate(sentences):
+        if len(s) == 0:
+            raise ElmoError(f"{what}: sentence {i} is empty")
+        for t in s:
+            if not isinstance(t, str) or not t or t != t.strip():
+                raise ElmoError(f"{what}: sentence {i} has a bad token {t!r} (empty or with spaces)")
+
+
+@torch.no_grad()
+def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Path | None = None,
+            spans: Sequence[Span] | None = None, name: str = "data", max_tokens: int = 4096,
+            max_sentences: int = 128, progress: bool = True) -> Features:
+    """Features of every token (``spans=None``) or of every span, cached under ``cache_dir``.
+
+    ``cache_dir=None`` uses a temporary file that lives as long as the process.
+    """
+    validate_sentences(sentences, name)
+    if spans is not None:
+        for j, (s, a, b) in enumerate(spans):
+            if not (0 <= s < len(sentences) and 0 <= a < b <= len(sentences[s])):
+                raise ElmoError(f"{name}: span {j} {(s, a, b)} is outside its sentence")
+    key = f"{name}-{model_fingerprint(bilm)}-{data_fingerprint(sentences, spans)}"
+    if cache_dir is None:
+        import tempfile
+        cache_dir = Path(tempfile.gettempdir()) / "elmo-probe-cache"
+    path = Path(cache_dir) / f"{key}.h5"
+    if path.is_file():
+        try:
+            return _open(path)
+        except (OSError, KeyError, ElmoError):
+            path.unlink()  # a damaged cache is recomputed, never trusted
+
+    L, F = bilm.num_layers, bilm.output_dim
+    lengths = [len(s) for s in sentences]
+    offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    n = int(offsets[-1]) if spans is None else len(spans)
+    by_sentence: dict[int, list[int]] = {}
+    if spans is not None:
+        for j, (s, _, _) in enumerate(spans):
+            by_sentence.setdefault(s, []).append(j)
+    needed = range(len(sentences)) if spans is None else sorted(by_sentence)
+    batches = _batches([lengths[i] for i in needed], max_tokens, max_sentences)
+    needed = list(needed)
+
+    was_training = bilm.training
+    bilm.eval()
+    from tqdm.auto import tqdm
+    try:
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            ds = f.create_dataset("features", (L, n, F), dtype="float16",
+                                  chunks=(1, min(max(n, 1), 4096), F))
+            if spans is None:
+                f.create_dataset("offsets", data=offsets)
+            f.attrs.update(version=FORMAT_VERSION, key=key, mode="tokens" if spans is None else "spans")
+            bar = tqdm(total=sum(lengths[i] for i in needed), unit="tok", desc=f"features {name}",
+                       disable=not progress, leave=False)
+            buf = np.zeros((L, n, F), dtype=np.float16) if n * L * F <= 2 ** 29 else None
+            for batch in batches:
+                idx = [needed[b] for b in batch]
+                out = bilm(batch_to_ids([list(sentences[i]) for i in idx]).to(bilm.device))
+                layers = torch.stack(out.layers).float().cpu()  # (L, B, T, F)
+                for r, i in enumerate(idx):
+                    if spans is None:
+                        rows = slice(int(offsets[i]), int(offsets[i + 1]))
+                        vals = layers[:, r, :lengths[i]].numpy()
+                    else:
+                        js = by_sentence[i]
+                        rows = np.asarray(js)
+                        vals = np.stack([layers[:, r, spans[j][1]:spans[j][2]].mean(1).numpy()
+                                         for j in js], 1)
+                    if buf is not None:
+                        buf[:, rows] = vals
+                    else:
+                        for k in range(L):
+                            if isinstance(rows, slice):
+                                ds[k, rows] = vals[k]
+                            else:  # h5py wants increasing indices
+                                o = np.argsort(rows)
+                                ds[k, rows[o]] = vals[k][o]
+                bar.update(sum(lengths[i] for i in idx))
+            bar.close()
+            if buf is not None:
+                ds[...] = buf
+    finally:
+        bilm.train(was_training)
+    return _open(path)
+
+
+def _open(path: Path) -> Features:
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("version") != FORMAT_VERSION or "features" not in f:
+            raise ElmoError(f"{path}: not a feature cache of version {FORMAT_VERSION}")
+        L, n, F = f["features"].shape
+        offsets = f["offsets"][...] if "offsets" in f else None
+    return Features(path, L, n, F, offsets)
+
+
+def random_like(bilm: BiLM, seed: int = 0) -> BiLM:
+    """The control: the same architecture with freshly initialised (untrained) weights."""
+    torch.manual_seed(seed)
+    model = BiLM(bilm.config).to(bilm.device)
+    return model.eval()

@@ -1,0 +1,291 @@
+"""NER probe on WNUT-17: what ELMo adds over E0 alone and over static word embeddings.
+
+One small tagger (:class:`BiLSTMTagger`: per-feature standardization, dropout, a 1-layer BiLSTM,
+a linear layer, token-level softmax; no CRF) is trained on different frozen inputs:
+
+* ``mix``: all biLM layers through a learned :class:`~elmo.mix.ScalarMix` (``softmax(s)``, gamma),
+* ``E0``: the biLM's context-free char-CNN layer only,
+* ``static``: SVD-PPMI word vectors trained by :func:`train_static_embeddings` on the same text as
+  the biLM (lower-cased; out-of-vocabulary tokens get a zero vector, which is the point: WNUT-17's
+  entities are new words),
+* and the controls of :mod:`elmo.probe.cli` (the same biLM with random weights).
+
+Early stopping on dev entity F1; test entity-level F1 (exact span and type, conlleval-style BIO
+decoding) with a 95% bootstrap interval over test sentences.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import ElmoError
+from ..fileio import atomic_path
+from ..mix import ScalarMix
+from .conll import bio_spans
+from .pos import Standardize
+from .stats import bootstrap_ci, f1_from_counts
+
+
+# -- static embeddings ---------------------------------------------------------------------------
+
+@dataclass
+class StaticEmbeddings:
+    words: list[str]
+    vectors: np.ndarray  # (V, d) float32, unit rows
+    lowercase: bool = True
+
+    def lookup(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, float]:
+        """``(N tokens, d)`` vectors (zeros when unknown) and the OOV rate."""
+        index = {w: i for i, w in enumerate(self.words)}
+        ids = np.array([index.get(t.lower() if self.lowercase else t, -1) for s in sentences for t in s])
+        out = np.zeros((len(ids), self.vectors.shape[1]), dtype=np.float32)
+        known = ids >= 0
+        out[known] = self.vectors[ids[known]]
+        return out, float(1 - known.mean()) if len(ids) else 0.0
+
+
+def read_text_corpus(files: Sequence[str | Path], lowercase: bool = True) -> list[list[str]]:
+    """Pre-tokenised text, one sentence per line (the biLM's training format)."""
+    out = []
+    for path in map(Path, files):
+        if not path.is_file():
+            raise ElmoError(f"{path}: no such corpus file")
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ElmoError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+                toks = (line.lower() if lowercase else line).split()
+                if toks:
+                    out.append(toks)
+    if not out:
+        raise ElmoError(f"corpus {' '.join(map(str, files))}: no sentences")
+    return out
+
+
+def train_static_embeddings(files: Sequence[str | Path], dim: int = 300, window: int = 5,
+                            min_count: int = 3, max_vocab: int = 50000, cds: float = 0.75,
+                            cache_dir: str | Path | None = None, seed: int = 0,
+                            log: Callable[[str], None] = print) -> StaticEmbeddings:
+    """SVD of the positive PMI matrix (Levy, Goldberg & Dagan 2015): symmetric ``window``, context
+    distribution smoothing ``cds``, vectors ``U sqrt(S)``, rows normalised. Cached by content."""
+    h = hashlib.sha256(repr((dim, window, min_count, max_vocab, cds, seed)).encode())
+    for p in map(Path, files):
+        if not p.is_file():
+            raise ElmoError(f"{p}: no such corpus file")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    cache = Path(cache_dir) / f"static-{h.hexdigest()[:16]}.npz" if cache_dir is not None else None
+    if cache is not None and cache.is_file():
+        z = np.load(cache, allow_pickle=False)
+        return StaticEmbeddings([str(w) for w in z["words"]], z["vectors"])
+
+    sents = read_text_corpus(files)
+    freq = Counter(t for s in sents for t in s)
+    words = [w for w, c in freq.most_common(max_vocab) if c >= min_count]
+    if len(words) < 2:
+        raise ElmoError(f"static embeddings: fewer than 2 words seen {min_count} times in the corpus")
+    index = {w: i for i, w in enumerate(words)}
+    V = len(words)
+    ids = np.concatenate([np.array([index.get(t, -1) for t in s] + [-1] * window) for s in sents])
+    pairs = []
+    for d in range(1, window + 1):  # -1 separators keep windows inside sentences
+        a, b = ids[:-d], ids[d:]
+        ok = (a >= 0) & (b >= 0)
+        pairs.append(a[ok].astype(np.int64) * V + b[ok])
+    codes, counts = np.unique(np.concatenate(pairs), return_counts=True)
+    rows, cols = codes // V, codes % V
+    rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])  # symmetric
+    counts = np.concatenate([counts, counts]).astype(np.float64)
+    total = counts.sum()
+    row_sum = np.bincount(rows, counts, V)
+    col_pow = np.bincount(cols, counts, V) ** cds
+    pmi = np.log(counts * col_pow.sum() / (row_sum[rows] * col_pow[cols]))
+    keep = pmi > 0
+    log(f"static embeddings: {len(sents)} sentences, vocabulary {V}, {keep.sum()} positive PMI cells")
+    del total
+    M = torch.sparse_coo_tensor(np.stack([rows[keep], cols[keep]]), pmi[keep].astype(np.float32),
+                                (V, V), check_invariants=False).coalesce()
+    torch.manual_seed(seed)
+    k = min(dim, V - 1)
+    U, S, _ = torch.svd_lowrank(M, q=min(k + 10, V), niter=4)
+    vec = (U[:, :k] * S[:k].sqrt()).numpy()
+    vec /= np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)
+    emb = StaticEmbeddings(words, vec.astype(np.float32))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(cache) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, words=np.array(words), vectors=emb.vectors)
+    return emb
+
+
+# -- the tagger ----------------------------------------------------------------------------------
+
+@dataclass
+class TaggerConfig:
+    hidden: int = 128
+    dropout: float = 0.5
+    lr: float = 1e-3
+    batch_size: int = 32
+    max_epochs: int = 30
+    patience: int = 5
+    mix_l2: float = 0.001
+    seed: int = 0
+    n_boot: int = 1000
+
+
+class BiLSTMTagger(nn.Module):
+    """``x (L, B, T, F)`` (a ScalarMix over L > 1 layers) or ``(1, B, T, F)`` -> ``(B, T, C)``."""
+
+    def __init__(self, norm: Standardize, num_layers: int, dim: int, n_tags: int, cfg: TaggerConfig) -> None:
+        super().__init__()
+        self.norm = norm
+        self.mix = ScalarMix(num_layers) if num_layers > 1 else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.lstm = nn.LSTM(dim, cfg.hidden, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * cfg.hidden, n_tags)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        L, B, T, F = x.shape
+        x = self.norm(x.reshape(L, B * T, F)).reshape(L, B, T, F)
+        h = self.mix(list(x)) if self.mix is not None else x[0]
+        h = self.drop(h)
+        packed = nn.utils.rnn.pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)
+        return self.out(self.drop(out))
+
+
+@dataclass
+class TaggingData:
+    """Token features ``(L, N, F)`` with sentence ``offsets`` and tag ids ``(N,)``."""
+
+    x: np.ndarray
+    offsets: np.ndarray
+    y: np.ndarray
+
+    def batch(self, sents: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lengths = np.diff(self.offsets)[sents]
+        T = int(lengths.max())
+        L, _, F = self.x.shape
+        xb = np.zeros((L, len(sents), T, F), dtype=np.float32)
+        yb = np.full((len(sents), T), -100, dtype=np.int64)
+        for r, s in enumerate(sents):
+            a, b = self.offsets[s], self.offsets[s + 1]
+            xb[:, r, :b - a] = self.x[:, a:b]
+            yb[r, :b - a] = self.y[a:b]
+        return torch.from_numpy(xb), torch.from_numpy(lengths), torch.from_numpy(yb)
+
+    @property
+    def n_sentences(self) -> int:
+        return len(self.offsets) - 1
+
+
+@torch.no_grad()
+def tag(model: BiLSTMTagger, data: TaggingData, batch_size: int = 64) -> list[np.ndarray]:
+    model.eval()
+    out = []
+    for a in range(0, data.n_sentences, batch_size):
+        sents = np.arange(a, min(data.n_sentences, a + batch_size))
+        xb, lengths, _ = data.batch(sents)
+        pred = model(xb, lengths).argmax(-1).numpy()
+        out.extend(pred[r, :lengths[r]] for r in range(len(sents)))
+    return out
+
+
+def entity_counts(pred: list[np.ndarray], data: TaggingData, labels: list[str]) -> np.ndarray:
+    """Per-sentence ``(tp, fp, fn)`` of exact (span, type) entity matches."""
+    rows = []
+    for s, p in enumerate(pred):
+        gold_ids = data.y[data.offsets[s]:data.offsets[s + 1]]
+        g = bio_spans([labels[i] for i in gold_ids])
+        q = bio_spans([labels[i] for i in p])
+        tp = len(g & q)
+        rows.append((tp, len(q) - tp, len(g) - tp))
+    return np.array(rows, dtype=np.float64)
+
+
+def train_tagger(train: TaggingData, dev: TaggingData, labels: list[str], cfg: TaggerConfig,
+                 log: Callable[[str], None] = print, name: str = "") -> tuple[BiLSTMTagger, dict]:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    L, _, F = train.x.shape
+    model = BiLSTMTagger(Standardize.fit(train.x, token_axis=1), L, F, len(labels), cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    best, best_f1, best_epoch, bad = copy.deepcopy(model.state_dict()), -1.0, 0, 0
+    for epoch in range(1, cfg.max_epochs + 1):
+        model.train()
+        perm = rng.permutation(train.n_sentences)
+        for a in range(0, len(perm), cfg.batch_size):
+            xb, lengths, yb = train.batch(perm[a:a + cfg.batch_size])
+            logits = model(xb, lengths)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, len(labels)), yb.reshape(-1),
+                                               ignore_index=-100)
+            if model.mix is not None:
+                loss = loss + model.mix.l2_penalty(cfg.mix_l2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        f1 = float(f1_from_counts(entity_counts(tag(model, dev), dev, labels).sum(0)))
+        if f1 > best_f1:
+            best, best_f1, best_epoch, bad = copy.deepcopy(model.state_dict()), f1, epoch, 0
+        else:
+            bad += 1
+            if bad >= cfg.patience:
+                break
+    model.load_state_dict(best)
+    log(f"ner: {name} best dev F1 {best_f1:.4f} at epoch {best_epoch}")
+    return model, {"dev_f1": best_f1, "best_epoch": best_epoch, "epochs": epoch}
+
+
+def encode_bio(*splits) -> tuple[list[str], list[np.ndarray]]:
+    """Tag ids over the union of all splits' tags (a type absent from training is still scored)."""
+    labels = ["O"] + sorted({t for ss in splits for s in ss for t in s} - {"O"})
+    index = {t: i for i, t in enumerate(labels)}
+    return labels, [np.array([index[t] for s in ss for t in s], dtype=np.int64) for ss in splits]
+
+
+def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offsets: tuple, tags: tuple,
+            cfg: TaggerConfig | None = None, log: Callable[[str], None] = print) -> dict:
+    """Train and score the tagger once per input.
+
+    ``inputs``: name -> (train, dev, test) feature arrays, each ``(L, N, F)``; ``offsets``: the
+    (train, dev, test) sentence offsets; ``tags``: the (train, dev, test) BIO tag lists.
+    """
+    cfg = cfg or TaggerConfig()
+    labels, ys = encode_bio(*tags)
+    res: dict = {"labels": labels, "config": asdict(cfg), "inputs": {}}
+    n_ent = sum(len(bio_spans(s)) for s in tags[2])
+    res["n_test_entities"] = n_ent
+    res["n_test_sentences"] = len(tags[2])
+    for name, arrays in inputs.items():
+        data = []
+        for split, x, off, y in zip(("train", "dev", "test"), arrays, offsets, ys):
+            if x.ndim != 3 or x.shape[1] != len(y) or off[-1] != len(y):
+                raise ElmoError(f"ner: {name} {split} features {x.shape} do not match {len(y)} tokens")
+            data.append(TaggingData(x, off, y))
+        model, info = train_tagger(data[0], data[1], labels, cfg, log, name)
+        counts = entity_counts(tag(model, data[2]), data[2], labels)
+        f1, lo, hi = bootstrap_ci(counts, f1_from_counts, cfg.n_boot, seed=cfg.seed)
+        tp, fp, fn = counts.sum(0)
+        r = {"f1": f1, "ci": [lo, hi], "precision": float(tp / max(tp + fp, 1)),
+             "recall": float(tp / max(tp + fn, 1)), **info}
+        if model.mix is not None:
+            r["weights"], r["gamma"] = model.mix.weights(), model.mix.gamma_value()
+        res["inputs"][name] = r
+        log(f"ner: {name} test entity F1 {f1:.4f} [{lo:.4f}, {hi:.4f}] (P {r['precision']:.3f}, "
+            f"R {r['recall']:.3f})" + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}"
+                                       if "weights" in r else ""))
+    return res

@@ -1,0 +1,226 @@
+"""``results.json``, ``report.md`` and the PNG plots of a probing run.
+
+``results.json`` holds, per task, the headline numbers in a flat shape::
+
+    {"pos": {"E0": acc, "E1": acc, "E2": acc, "mix": acc, "mix_weights": [w0, w1, w2],
+             "gamma": g, "intervals": {"E0": [lo, hi], ...}, "baseline": ..., "control_random": {...},
+             "details": {...everything the probe measured...}},
+     "wsd": {... the same with F1 on ALL ...}, "ner": {...}, "model": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..fileio import atomic_path
+
+# Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).
+PAPER = {"pos": {"E1": 0.973, "E2": 0.968}, "wsd": {"E1": 0.674, "E2": 0.690}}
+METRIC = {"pos": "accuracy", "wsd": "F1 (ALL)", "ner": "entity F1"}
+
+
+def summarize_pos(trained: dict, control: dict | None = None) -> dict:
+    return _summarize(trained, control, "acc", baseline={"majority": trained["majority"]["acc"]})
+
+
+def summarize_wsd(trained: dict, control: dict | None = None) -> dict:
+    out = _summarize(trained, control, "f1", baseline={"first_sense": trained["first_sense"]["f1"],
+                                                       "semcor_mfs": trained["semcor_mfs"]["f1"]})
+    if "mix" in trained:
+        out["mix_temperature"] = trained["mix"]["temperature"]
+        out.pop("gamma", None)  # a cosine classifier is scale-free: there is no gamma
+        out["mix_all_minus_dev"] = trained["mix"]["all_minus_dev"]["f1"]
+        out["mix_grid"] = trained["mix_grid"]["f1"]
+        out["mix_grid_weights"] = trained["mix_grid"]["weights"]
+    out["all_minus_dev"] = {k: v["all_minus_dev"]["f1"] for k, v in trained["layers"].items()
+                            if "all_minus_dev" in v}
+    return out
+
+
+def _summarize(trained: dict, control: dict | None, key: str, baseline: dict) -> dict:
+    out: dict = {}
+    intervals = {}
+    for name, r in trained["layers"].items():
+        out[name] = r[key]
+        intervals[name] = r["ci"]
+    if "mix" in trained:
+        out["mix"] = trained["mix"][key]
+        out["mix_weights"] = trained["mix"]["weights"]
+        if "gamma" in trained["mix"]:
+            out["gamma"] = trained["mix"]["gamma"]
+        intervals["mix"] = trained["mix"]["ci"]
+    out["intervals"] = intervals
+    out["baseline"] = baseline
+    if control is not None:
+        c = {name: r[key] for name, r in control["layers"].items()}
+        ci = {name: r["ci"] for name, r in control["layers"].items()}
+        if "mix" in control:
+            c["mix"], c["mix_weights"], ci["mix"] = control["mix"][key], control["mix"]["weights"], control["mix"]["ci"]
+        c["intervals"] = ci
+        out["control_random"] = c
+    out["details"] = {"trained": trained, **({"control_random": control} if control is not None else {})}
+    return out
+
+
+def summarize_ner(res: dict) -> dict:
+    out = {name: r["f1"] for name, r in res["inputs"].items()}
+    out["intervals"] = {name: r["ci"] for name, r in res["inputs"].items()}
+    if "mix" in res["inputs"]:
+        out["mix_weights"] = res["inputs"]["mix"]["weights"]
+        out["gamma"] = res["inputs"]["mix"]["gamma"]
+    out["details"] = res
+    return out
+
+
+def load_results(path: Path) -> dict:
+    if path.is_file():
+        with open(path) as f:
+            return json.load(f)
+    return {}
+
+
+def write_results(path: Path, results: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=1) + "\n")
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+def _layer_plot(task: str, s: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [k for k in ("E0", "E1", "E2", "E3", "E4", "mix") if k in s]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    series = [("trained biLM", s, "C0", -0.18)]
+    if "control_random" in s:
+        series.append(("same architecture, random weights", s["control_random"], "C7", 0.18))
+    for label, d, color, dx in series:
+        xs = [i + dx for i, n in enumerate(names) if n in d]
+        ys = [d[n] for n in names if n in d]
+        err = [[d[n] - d["intervals"][n][0] for n in names if n in d],
+               [d["intervals"][n][1] - d[n] for n in names if n in d]]
+        ax.bar(xs, ys, width=0.36, color=color, label=label, yerr=err, capsize=3)
+    if task in PAPER:
+        px = [i for i, n in enumerate(names) if n in PAPER[task]]
+        ax.scatter(px, [PAPER[task][names[i]] for i in px], marker="D", color="C3", zorder=5,
+                   label="Peters et al. 2018")
+    for name, v in s.get("baseline", {}).items():
+        ax.axhline(v, ls="--", lw=1, color="k")
+        ax.text(len(names) - 0.5, v, name.replace("_", " "), va="bottom", ha="right", fontsize=7)
+    vals = [s[n] for n in names] + [s.get("control_random", {}).get(n, 1) for n in names]
+    lo = min(vals + list(s.get("baseline", {}).values()))
+    ax.set_ylim(max(0.0, lo - 0.1), 1.0)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(METRIC[task])
+    ax.set_title(f"{task.upper()}: per-layer probes (95% bootstrap intervals)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _weights_plot(results: dict, path: Path) -> bool:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tasks = [t for t in ("pos", "wsd", "ner") if t in results and "mix_weights" in results[t]]
+    if not tasks:
+        return False
+    L = len(results[tasks[0]]["mix_weights"])
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    width = 0.8 / len(tasks)
+    for j, t in enumerate(tasks):
+        w = results[t]["mix_weights"]
+        ax.bar([k + (j - (len(tasks) - 1) / 2) * width for k in range(len(w))], w, width=width, label=t.upper())
+    ax.axhline(1 / L, ls="--", lw=1, color="k")
+    ax.set_xticks(range(L), [f"E{k}" for k in range(L)])
+    ax.set_ylabel("softmax(s)")
+    ax.set_title("Learned mix weights per task")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _ner_plot(s: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [k for k in s["intervals"]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    err = [[s[n] - s["intervals"][n][0] for n in names], [s["intervals"][n][1] - s[n] for n in names]]
+    ax.bar(range(len(names)), [s[n] for n in names], yerr=err, capsize=3, color="C2")
+    ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=8)
+    ax.set_ylabel("entity F1 (test)")
+    ax.set_title("WNUT-17 NER: BiLSTM tagger on different inputs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- markdown ------------------------------------------------------------------------------------
+
+def _fmt(v: float, ci=None) -> str:
+    return f"{100 * v:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+
+def render(results: dict, out_dir: Path) -> Path:
+    """Write ``report.md`` and the plots into ``out_dir``; returns the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Probing report", ""]
+    m = results.get("model", {})
+    if m:
+        lines += [f"Model: `{m.get('path')}` ({m.get('parameters', '?'):,} parameters, fingerprint "
+                  f"`{m.get('fingerprint')}`); control: the same architecture with random weights "
+                  f"(seed {m.get('control_seed', 0)}).", ""]
+    for task in ("pos", "wsd"):
+        if task not in results:
+            continue
+        s = results[task]
+        _layer_plot(task, s, out_dir / f"{task}_layers.png")
+        lines += [f"## {task.upper()} ({METRIC[task]}, %)", "",
+                  "| input | trained | random-weights control | paper |", "|---|---|---|---|"]
+        for n in [k for k in ("E0", "E1", "E2", "E3", "E4", "mix") if k in s]:
+            c = s.get("control_random", {})
+            cc = _fmt(c[n], c["intervals"][n]) if n in c else "-"
+            p = _fmt(PAPER[task][n]) if n in PAPER.get(task, {}) else "-"
+            lines.append(f"| {n} | {_fmt(s[n], s['intervals'][n])} | {cc} | {p} |")
+        for name, v in s.get("baseline", {}).items():
+            lines.append(f"| baseline: {name.replace('_', ' ')} | {_fmt(v)} | | |")
+        if "mix_weights" in s:
+            extra = f", gamma = {s['gamma']:.3f}" if "gamma" in s else ""
+            if "mix_temperature" in s:
+                extra = f", temperature = {s['mix_temperature']:.4f}"
+            lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}{extra}."]
+        if task == "wsd" and "all_minus_dev" in s:
+            lines += ["", "ALL minus SemEval-2007 (the mix's dev set): " + ", ".join(
+                f"{k} {_fmt(v)}" for k, v in s["all_minus_dev"].items())
+                + (f", mix {_fmt(s['mix_all_minus_dev'])}" if "mix_all_minus_dev" in s else "")
+                + (f"; grid-searched mix {[round(w, 2) for w in s['mix_grid_weights']]}: ALL "
+                   f"{_fmt(s['mix_grid'])}" if "mix_grid" in s else "") + "."]
+        lines += ["", f"![{task} per layer]({task}_layers.png)", ""]
+        if task == "pos":
+            ordered = s.get("E1", 0) > s.get("E2", 1)
+            lines.append(f"Paper's ordering E1 > E2 for POS: **{'yes' if ordered else 'no'}**.")
+        else:
+            ordered = s.get("E2", 0) > s.get("E1", 1)
+            lines.append(f"Paper's ordering E2 > E1 for WSD: **{'yes' if ordered else 'no'}**.")
+        lines.append("")
+    if "ner" in results:
+        s = results["ner"]
+        _ner_plot(s, out_dir / "ner.png")
+        lines += ["## NER (WNUT-17 test entity F1, %)", "", "| input | F1 |", "|---|---|"]
+        lines += [f"| {n} | {_fmt(s[n], s['intervals'][n])} |" for n in s["intervals"]]
+        if "mix_weights" in s:
+            lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}, "
+                      f"gamma = {s['gamma']:.3f}."]
+        lines += ["", "![ner](ner.png)", ""]
+    if _weights_plot(results, out_dir / "mix_weights.png"):
+        lines += ["## Learned mix weights", "", "![mix weights](mix_weights.png)", ""]
+    path = out_dir / "report.md"
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return path
