@@ -115,7 +115,7 @@ def _layer_plot(task: str, s: dict, path: Path) -> None:
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel(METRIC[task])
     ax.set_title(f"{task.upper()}: per-layer probes (95% bootstrap intervals)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,291 @@
+"""elmo.probe: readers on the real files, feature cache, bootstrap, and the probes end to end on slices."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import shared_path
+from elmo import ElmoError
+from elmo.probe.conll import bio_spans, read_conll, read_conllu
+from elmo.probe.features import extract, model_fingerprint, random_like
+from elmo.probe.stats import accuracy_from_counts, bootstrap_ci
+
+
+def ewt(split):
+    return shared_path("data", "pos", "ud-english-ewt", f"en_ewt-ud-{split}.conllu")
+
+
+def wnut(name):
+    return shared_path("data", "ner", "wnut17", name)
+
+
+EVAL = ("data", "wsd", "raganato-eval", "Evaluation_Datasets")
+
+
+# -- readers -------------------------------------------------------------------------------------
+
+def test_conllu_counts_match_the_release():
+    train = read_conllu(ewt("train"))
+    assert len(train) == 12544 and sum(len(s.tokens) for s in train) == 204577
+    assert len({t for s in train for t in s.tags}) == 17
+    assert len(read_conllu(ewt("dev"))) == 2001 and len(read_conllu(ewt("test"))) == 2077
+    # Multi-word tokens are skipped, their syntactic words kept; XPOS are PTB tags.
+    s = read_conllu(ewt("dev"), "xpos", limit=3)
+    assert len(s) == 3 and s[0].tokens[:3] == ["From", "the", "AP"] and s[0].tags[:3] == ["IN", "DT", "NNP"]
+
+
+def test_conllu_bad_input_names_file_and_line(tmp_path):
+    good = "1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n"
+    p = tmp_path / "bad.conllu"
+    p.write_text("# c\n" + good + "2\tthere\tthere\tADV\n\n")
+    with pytest.raises(ElmoError, match=r"bad\.conllu:3: expected 10"):
+        read_conllu(p)
+    p.write_text(good + good)
+    with pytest.raises(ElmoError, match=r"bad\.conllu:2: word id 1 out of sequence"):
+        read_conllu(p)
+    with pytest.raises(ElmoError, match="tagset"):
+        read_conllu(ewt("dev"), "lemma")
+    with pytest.raises(ElmoError, match="no such file"):
+        read_conllu(tmp_path / "missing.conllu")
+
+
+def test_wnut_counts_and_bio():
+    assert [len(read_conll(wnut(f))) for f in
+            ("wnut17train.conll", "emerging.dev.conll", "emerging.test.annotated")] == [3394, 1009, 1287]
+    s = read_conll(wnut("wnut17train.conll"), limit=1)[0]
+    assert s.tokens[14:17] == ["Empire", "State", "Building"]
+    assert (14, 17, "location") in bio_spans(s.tags)
+    # conlleval: a stray I- starts an entity; a type change splits.
+    assert bio_spans(["I-x", "I-x", "I-y", "O", "B-x", "B-x"]) == {(0, 2, "x"), (2, 3, "y"), (4, 5, "x"), (5, 6, "x")}
+
+
+def test_wnut_bad_tag(tmp_path):
+    p = tmp_path / "bad.conll"
+    p.write_text("a\tO\n\t\nb\tPERSON\n")
+    with pytest.raises(ElmoError, match=r"bad\.conll:3: tag 'PERSON' is not BIO"):
+        read_conll(p)
+
+
+def test_raganato_counts_and_overlap():
+    from elmo.probe.wsd import read_raganato
+    all_ = read_raganato(shared_path(*EVAL, "ALL", "ALL.data.xml"))
+    assert len(all_.sentences) == 1173 and len(all_.instances) == 7253
+    by_set = {}
+    for i in all_.instances:
+        by_set[i.id.split(".")[0]] = by_set.get(i.id.split(".")[0], 0) + 1
+    assert by_set == {"senseval2": 2282, "senseval3": 1850, "semeval2007": 455, "semeval2013": 1644,
+                      "semeval2015": 1022}
+    # A multi-word instance is one instance over several biLM tokens.
+    inst = next(i for i in all_.instances if i.lemma == "belong_to")
+    assert all_.sentences[inst.sentence][inst.start:inst.end] == ["belong", "to"]
+    s07 = read_raganato(shared_path(*EVAL, "semeval2007", "semeval2007.data.xml"))
+    assert len(s07.instances) == 455
+
+
+def test_semcor_full_counts():
+    from elmo.probe.wsd import read_raganato
+    d = ("data", "wsd", "semcor")
+    sc = read_raganato(shared_path(*d, "semcor.data.xml.gz"), shared_path(*d, "semcor.gold.key.txt.gz"))
+    assert len(sc.sentences) == 37176 and len(sc.instances) == 226171
+    assert sum(i.pos == "v" for i in sc.instances) == 88084
+    first = sc.instances[0]
+    assert first.lemma == "group" and first.keys == ["group%1:03:00::"]
+    assert sc.sentences[0][first.start:first.end] == ["Fulton", "County", "Grand", "Jury"]
+
+
+def test_wsd_bad_input(tmp_path):
+    from elmo.probe.wsd import read_raganato, read_sense_index
+    x = tmp_path / "t.data.xml"
+    k = tmp_path / "t.gold.key.txt"
+    k.write_text("d0.s0.t0 bank%1:14:00::\n")
+    x.write_text('<corpus>\n<text id="d0">\n<sentence id="d0.s0">\n'
+                 '<instance id="d0.s0.t0" lemma="bank" pos="NOUN">bank</instance>\n</text>\n</corpus>\n')
+    with pytest.raises(ElmoError, match=r"t\.data\.xml:5: malformed XML"):
+        read_raganato(x)
+    x.write_text('<corpus>\n<sentence id="d0.s0">\n'
+                 '<instance id="d0.s0.t1" lemma="bank" pos="NOUN">bank</instance>\n</sentence>\n</corpus>\n')
+    with pytest.raises(ElmoError, match=r"t\.data\.xml:3: instance d0\.s0\.t1 has no gold key"):
+        read_raganato(x)
+    k.write_text("d0.s0.t0\n")
+    with pytest.raises(ElmoError, match=r"t\.gold\.key\.txt:1: expected"):
+        read_raganato(x)
+    idx = tmp_path / "index.sense"
+    idx.write_text("bank%1:14:00:: 08420278 1 25\nbank%1:17:01:: 09213565 x 20\n")
+    with pytest.raises(ElmoError, match=r"index\.sense:2:"):
+        read_sense_index(idx)
+
+
+def test_sense_index_first_senses():
+    from elmo.probe.wsd import read_sense_index
+    first = read_sense_index(shared_path("data", "wsd", "wordnet-sense-index", "index.sense"))
+    assert first[("bank", "n")] == "bank%1:17:01::"
+    assert first[("say", "v")] == "say%2:32:00::"
+    assert len(first) == 155287  # one first sense per (lemma, POS); satellites counted as adjectives
+
+
+# -- statistics ----------------------------------------------------------------------------------
+
+def test_bootstrap_interval_is_sane():
+    rng = np.random.default_rng(1)
+    correct = (rng.random(4000) < 0.8).astype(float)
+    counts = np.stack([correct, np.ones_like(correct)], 1)
+    est, lo, hi = bootstrap_ci(counts, accuracy_from_counts, n_boot=2000)
+    assert est == pytest.approx(correct.mean())
+    assert lo < est < hi
+    se = np.sqrt(est * (1 - est) / len(correct))  # the normal approximation for iid tokens
+    assert (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.15)
+    est2, lo2, hi2 = bootstrap_ci(counts[:400], accuracy_from_counts, n_boot=2000)
+    assert (hi2 - lo2) > 2 * (hi - lo)  # ~sqrt(10) wider with a tenth of the data
+    assert bootstrap_ci(counts, accuracy_from_counts, seed=3) == bootstrap_ci(counts, accuracy_from_counts, seed=3)
+    with pytest.raises(ElmoError):
+        bootstrap_ci(np.zeros((0, 2)), accuracy_from_counts)
+
+
+# -- features ------------------------------------------------------------------------------------
+
+def test_feature_cache_is_exact_and_reused(fixture_model, tmp_path):
+    sents = [s.tokens for s in read_conllu(ewt("dev"), limit=20)]
+    f1 = extract(fixture_model, sents, tmp_path, name="t", progress=False)
+    L, F = fixture_model.num_layers, fixture_model.output_dim
+    assert (f1.num_layers, f1.n, f1.dim) == (L, sum(map(len, sents)), F)
+    # Against the biLM run directly, one sentence at a time (float16 storage).
+    with torch.no_grad():
+        ref = fixture_model.embed_sentences([sents[7]]).layers
+    a, b = f1.offsets[7], f1.offsets[8]
+    for k in range(L):
+        np.testing.assert_allclose(f1.layer(k)[a:b], ref[k][0].numpy(), rtol=2e-3, atol=2e-3)
+    # A rerun reads the cache: the model is not called, the features are identical.
+    forward = fixture_model.forward
+    fixture_model.forward = lambda *a, **k: pytest.fail("cache miss")
+    try:
+        f2 = extract(fixture_model, sents, tmp_path, name="t", progress=False)
+    finally:
+        fixture_model.forward = forward
+    assert f2.path == f1.path and np.array_equal(f2.all_layers(), f1.all_layers())
+    # Spans are means of their tokens; other data or other weights get another cache entry.
+    spans = [(7, 1, 3), (0, 0, 1)]
+    fs = extract(fixture_model, sents, tmp_path, spans=spans, name="t", progress=False)
+    np.testing.assert_allclose(fs.layer(2)[0], f1.layer(2)[a + 1:a + 3].mean(0), atol=2e-3)
+    rnd = random_like(fixture_model)
+    assert model_fingerprint(rnd) != model_fingerprint(fixture_model)
+    assert extract(rnd, sents, tmp_path, name="t", progress=False).path != f1.path
+    assert fs.path != f1.path
+    with pytest.raises(ElmoError, match="span 0"):
+        extract(fixture_model, sents, tmp_path, spans=[(0, 2, 1)], progress=False)
+    with pytest.raises(ElmoError, match="sentence 1 is empty"):
+        extract(fixture_model, [["a"], []], tmp_path, progress=False)
+
+
+# -- probes --------------------------------------------------------------------------------------
+
+def test_pos_probe_beats_majority(fixture_model, tmp_path):
+    from elmo.probe.pos import ProbeConfig, run_pos
+    sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 300), ("dev", 80), ("test", 100))]
+    feats = [extract(fixture_model, [s.tokens for s in ss], tmp_path, name=n, progress=False)
+             for ss, n in zip(sets, "abc")]
+    r = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets),
+                ProbeConfig(max_epochs=12, lr=3e-3, n_boot=300), log=lambda m: None)
+    maj = r["majority"]["acc"]
+    for name in ("E0", "E1", "E2"):
+        lo, hi = r["layers"][name]["ci"]
+        assert lo <= r["layers"][name]["acc"] <= hi and hi - lo < 0.1
+        assert r["layers"][name]["acc"] > maj + 0.15, (name, r["layers"][name]["acc"], maj)
+    assert r["mix"]["acc"] > maj + 0.15
+    assert sum(r["mix"]["weights"]) == pytest.approx(1) and r["mix"]["gamma"] > 0
+    assert r["mix"]["weights"] != pytest.approx([1 / 3] * 3, abs=1e-3)  # s was learned
+
+
+def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
+    from elmo.probe.wsd import read_raganato, read_sense_index, run_wsd
+    d = ("data", "wsd", "semcor")
+    sc = read_raganato(shared_path(*d, "semcor.data.xml.gz"), shared_path(*d, "semcor.gold.key.txt.gz"),
+                       limit=1500)
+    test = read_raganato(shared_path(*EVAL, "ALL", "ALL.data.xml"))
+    first = read_sense_index(shared_path("data", "wsd", "wordnet-sense-index", "index.sense"))
+    ftr = extract(fixture_model, sc.sentences, tmp_path, spans=sc.spans, progress=False)
+    fte = extract(fixture_model, test.sentences, tmp_path, spans=test.spans, progress=False)
+    r = run_wsd(sc, ftr, test, fte, first, n_boot=200, mix_epochs=1, log=lambda m: None)
+    # Raganato et al. (2017) report the WordNet first-sense baseline on ALL as 65.2.
+    assert r["first_sense"]["f1"] == pytest.approx(0.652, abs=0.0006)
+    for name in ("E0", "E1", "E2"):
+        lr = r["layers"][name]
+        assert lr["ci"][0] <= lr["f1"] <= lr["ci"][1] and lr["ci"][1] - lr["ci"][0] < 0.05
+        assert lr["all_minus_dev"]["n"] == 7253 - 455 and lr["dev"]["n"] == 455
+    # Where the 1-NN has a choice (2+ candidate senses seen in SemCor), it beats choosing uniformly
+    # among the same candidates (the majority-class analogue for a per-lemma decision).
+    from elmo.probe.wsd import build_inventory, predict_1nn
+    inv = build_inventory(sc, ftr)
+    rows = [j for j, i in enumerate(test.instances) if len(inv.candidates.get((i.lemma, i.pos), [])) >= 2]
+    assert len(rows) > 1000
+    chance = np.mean([np.mean([inv.keys[c] in test.instances[j].keys
+                               for c in inv.candidates[(test.instances[j].lemma, test.instances[j].pos)]])
+                      for j in rows])
+    acc = []
+    for k in range(3):
+        preds, used = predict_1nn(inv, test, fte.layer(k), inv.vectors()[k], first)
+        assert used[rows].all()
+        acc.append(np.mean([preds[j] in test.instances[j].keys for j in rows]))
+    # Even this tiny fixture biLM: context (E1, E2) separates senses better than the type (E0).
+    assert acc[0] > chance and min(acc[1], acc[2]) > max(chance + 0.025, acc[0] + 0.01), (acc, chance)
+    assert r["mix"]["f1"] > r["layers"]["E0"]["f1"] - 0.02 and sum(r["mix"]["weights"]) == pytest.approx(1)
+    assert sum(r["mix_grid"]["weights"]) == pytest.approx(1)
+
+
+def test_ner_tagger_learns_and_runs(fixture_model, tmp_path):
+    from elmo.probe.ner import TaggerConfig, encode_bio, run_ner
+    sets = [read_conll(wnut(f), limit=n) for f, n in
+            (("wnut17train.conll", 400), ("emerging.dev.conll", 100), ("emerging.test.annotated", 100))]
+    tags = tuple([s.tags for s in ss] for ss in sets)
+    feats = [extract(fixture_model, [s.tokens for s in ss], tmp_path, progress=False) for ss in sets]
+    offsets = tuple(f.offsets for f in feats)
+    # A learnable input (a noisy code of the gold tag) shows the tagger, decoding and scoring work.
+    labels, ys = encode_bio(*tags)
+    rng = np.random.default_rng(0)
+    code = rng.normal(size=(len(labels), 16)).astype(np.float32)
+    oracle = tuple((code[y] + 0.3 * rng.normal(size=(len(y), 16)).astype(np.float32))[None] for y in ys)
+    inputs = {"oracle": oracle, "mix": tuple(f.all_layers() for f in feats)}
+    r = run_ner(inputs, offsets, tags, TaggerConfig(max_epochs=6, lr=1e-2, n_boot=200), log=lambda m: None)
+    assert r["inputs"]["oracle"]["f1"] > 0.9
+    mix = r["inputs"]["mix"]
+    assert 0 <= mix["ci"][0] <= mix["f1"] <= mix["ci"][1] <= 1 and len(mix["weights"]) == 3
+
+
+def test_static_embeddings(tmp_path):
+    from elmo.probe.ner import train_static_embeddings
+    emb = train_static_embeddings([shared_path("data", "lm", "ptb", "ptb.valid.txt")], dim=50,
+                                  cache_dir=tmp_path, log=lambda m: None)
+    i = {w: k for k, w in enumerate(emb.words)}
+    v = emb.vectors
+    assert v[i["monday"]] @ v[i["tuesday"]] > 0.5 > float(np.mean(v @ v[i["monday"]]))
+    vec, oov = emb.lookup([["Monday", "zzzqqq"]])
+    assert np.allclose(vec[0], v[i["monday"]]) and not vec[1].any() and oov == 0.5
+    again = train_static_embeddings([shared_path("data", "lm", "ptb", "ptb.valid.txt")], dim=50,
+                                    cache_dir=tmp_path, log=lambda m: pytest.fail("not cached"))
+    assert np.array_equal(again.vectors, v)
+
+
+def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
+    from elmo.cli import main
+    out = tmp_path / "out"
+    rc = main(["probe", "all", "--model", str(allennlp_dir), "--data", str(shared_path("data")),
+               "--out", str(out), "--tasks", "pos,wsd", "--limit", "120", "--limit-semcor", "400",
+               "--max-epochs", "3", "--mix-epochs", "1", "--n-boot", "100", "--quiet"])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    for task in ("pos", "wsd"):
+        assert {"E0", "E1", "E2", "mix", "mix_weights", "intervals", "control_random"} <= set(res[task])
+        assert len(res[task]["mix_weights"]) == 3
+        assert {"E0", "E1", "E2", "mix"} <= set(res[task]["control_random"])
+    report = (out / "report.md").read_text()
+    assert "## POS" in report and "## WSD" in report and "97.3" in report and "69.0" in report
+    for png in ("pos_layers.png", "wsd_layers.png", "mix_weights.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # Bad input: one line naming the file, exit code 1.
+    bad = tmp_path / "bad.conllu"
+    bad.write_text("1\tx\n")
+    rc = main(["probe", "pos", "--model", str(allennlp_dir), "--train", str(bad), "--dev", str(bad),
+               "--test", str(bad), "--out", str(out), "--no-control", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("elmo probe: error:") and "bad.conllu:1" in err[-1]
