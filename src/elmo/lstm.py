@@ -77,7 +77,10 @@ def lstm_layer_fast(
     D, P = layer.lstm_dim, layer.projection_dim
     # The input half of z for every step at once: the big, efficient matmul.
     xw = torch.baddbmm(layer.bias.unsqueeze(1), x.reshape(2, B * T, -1), layer.w_x).view(2, B, T, 4 * D)
-    out = x.new_zeros(2, B, T, P)
+    # One unbind and one stack, not a slice per step: under autograd each per-step slice of xw
+    # (or write into a preallocated output) costs a full-size zero gradient in the backward pass.
+    xs = xw.unbind(2)
+    steps: list[torch.Tensor] = []
     c, h = c0, h0
     w_h, w_p = layer.w_h, layer.w_p
     n = B
@@ -88,16 +91,20 @@ def lstm_layer_fast(
             break
         h_n = h if n == B else h[:, :n]
         c_n = c if n == B else c[:, :n]
-        z = torch.baddbmm(xw[:, :n, t], h_n, w_h)
+        z = torch.baddbmm(xs[t] if n == B else xs[t][:, :n], h_n, w_h)
         i, j, f, o = z.chunk(4, dim=-1)
         c_new = _clip(torch.sigmoid(f + FORGET_BIAS) * c_n + torch.sigmoid(i) * torch.tanh(j), cell_clip)
         h_new = _clip(torch.bmm(torch.sigmoid(o) * torch.tanh(c_new), w_p), proj_clip)
-        out[:, :n, t] = h_new
         if n == B:
             c, h = c_new, h_new
-        else:  # finished rows keep their final state
+            steps.append(h_new)
+        else:  # finished rows keep their final state; their outputs are zeros
             c = torch.cat([c_new, c[:, n:]], dim=1)
             h = torch.cat([h_new, h[:, n:]], dim=1)
+            steps.append(torch.cat([h_new, h_new.new_zeros(2, B - n, P)], dim=1))
+    if len(steps) < T:
+        steps += [x.new_zeros(2, B, P)] * (T - len(steps))
+    out = torch.stack(steps, dim=2) if steps else x.new_zeros(2, B, T, P)
     return out, c, h
 
 
