@@ -1,0 +1,284 @@
+"""The bidirectional language model that is trained: :class:`~elmo.bilm.BiLM` + a shared softmax.
+
+Loss (bilm-tf): ``0.5 * (L_fwd + L_bwd)``, each the mean negative log-likelihood per target of
+its direction. Dropout as bilm-tf: on each LSTM layer's input (``BiLM.dropout``, the residual adds
+the dropped input back) and on the top LSTM output before the softmax; none in the char-CNN.
+
+A trained LM is saved as a native model directory that :meth:`BiLM.from_pretrained` reads like
+any other (``config.json`` + ``model.safetensors``), with the softmax tensors (``softmax.*``)
+stored beside the biLM's, ``training.json`` describing them, and the output vocabulary
+``vocab.txt``. :meth:`LanguageModel.from_pretrained` restores the whole LM (to score text or to
+continue training); :meth:`LanguageModel.init_from` starts a new LM from a trained one with a
+new vocabulary (fine-tuning on domain text).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .bilm import BiLM, State
+from .config import ElmoConfig
+from .data import Batch, Vocabulary, sentences_batch
+from .errors import ElmoError
+from .softmax import (AdaptiveSoftmax, FullSoftmax, make_softmax, softmax_config, softmax_from_config,
+                      softmax_kind)
+
+VOCAB_NAME = "vocab.txt"
+LM_CONFIG_NAME = "training.json"  # written by elmo.weights.save_native(extra_config=...)
+LM_FORMAT = "elmo-lm-1"
+
+
+@dataclass
+class SentenceScore:
+    """Log-probabilities (natural log) of one sentence ``w1 .. wn`` under both LMs.
+
+    ``forward_token_logprobs[i]`` is ``log p(w_{i+1} | <S> w_1 .. w_i)`` for i < n and
+    ``log p(</S> | ...)`` at i = n; ``backward_token_logprobs[i]`` is ``log p(w_i | w_{i+1} .. w_n
+    </S>)`` with index 0 the ``<S>`` prediction, i.e. aligned with ``<S> w1 .. wn``. Both have n + 1
+    entries; targets outside the vocabulary are scored as ``<UNK>``.
+    """
+
+    tokens: list[str]
+    forward_logprob: float
+    backward_logprob: float
+    forward_token_logprobs: list[float]
+    backward_token_logprobs: list[float]
+
+    @property
+    def n_predictions(self) -> int:
+        return len(self.tokens) + 1
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, config: ElmoConfig, vocab: Vocabulary, softmax: str = "auto",
+                 num_samples: int = 8192, cutoffs: list[int] | None = None, dropout: float = 0.1,
+                 softmax_module: nn.Module | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ElmoError(f"dropout must be in [0, 1), got {dropout}")
+        self.config = config
+        self.vocab = vocab
+        self.bilm = BiLM(config)
+        self.bilm.dropout = dropout
+        self.dropout = dropout
+        self.softmax = softmax_module if softmax_module is not None else make_softmax(
+            softmax, len(vocab), config.projection_dim, num_samples, cutoffs)
+        if self.softmax.vocab_size != len(vocab):
+            raise ElmoError(f"softmax has {self.softmax.vocab_size} rows but the vocabulary {len(vocab)} tokens")
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- the objective ---------------------------------------------------------------------------
+    def token_nll(self, char_ids: torch.Tensor, token_index: torch.Tensor, targets: torch.Tensor,
+                  lengths: torch.Tensor, state: State | None = None,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
+        """Per-target negative log-likelihoods.
+
+        Parameters
+        ----------
+        char_ids : ``(U, 50)`` the distinct input tokens' char ids.
+        token_index : ``(2, B, T)`` indices into ``char_ids`` ([0] forward, [1] backward inputs), -1 = pad.
+        targets : ``(2, B, T)`` vocabulary ids, -1 = pad.
+        lengths : ``(B,)`` steps per row.
+        state : carried LSTM state (per layer ``c (2, B, D), h (2, B, P)``) or None (zeros).
+
+        Returns
+        -------
+        ``nll (2, B, T)`` (0 at padding) and the final state.
+        """
+        pad = token_index < 0
+        emb = self.bilm.encoder.encode_tokens(char_ids)                     # (U, P)
+        x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
+        outs, final = self.bilm.run_stacks(x, lengths, state)
+        top = outs[-1]
+        if self.training and self.dropout > 0:
+            top = F.dropout(top, self.dropout, True)
+        mask = targets >= 0
+        nll = self.softmax.nll(top[mask], targets[mask], generator)
+        out = torch.zeros(targets.shape, dtype=nll.dtype, device=nll.device)
+        out[mask] = nll
+        return out, final
+
+    def forward(self, char_ids: torch.Tensor, token_index: torch.Tensor, targets: torch.Tensor,
+                lengths: torch.Tensor, state: State | None = None,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
+        """``(2,)`` summed negative log-likelihood per direction, and the final state."""
+        nll, final = self.token_nll(char_ids, token_index, targets, lengths, state, generator)
+        return nll.sum(dim=(1, 2)), final
+
+    def batch_nll(self, batch: Batch, state: State | None = None,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
+        return self(batch.char_ids, batch.token_index, batch.targets, batch.lengths, state, generator)
+
+    # -- scoring ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.bilm.device
+
+    @torch.no_grad()
+    def score(self, sentences: Sequence[Sequence[str]], batch_size: int = 64) -> list[SentenceScore]:
+        """Per-sentence log-probabilities in both directions (each sentence on its own, zero state)."""
+        was_training = self.training
+        self.eval()
+        out: list[SentenceScore] = []
+        try:
+            for i in range(0, len(sentences), batch_size):
+                chunk = [list(s) for s in sentences[i:i + batch_size]]
+                for j, s in enumerate(chunk):
+                    if isinstance(sentences[i + j], str):
+                        raise ElmoError(f"score: sentence {i + j} is a str, expected a list of tokens")
+                    if not s:
+                        raise ElmoError(f"score: sentence {i + j} is empty")
+                b = sentences_batch(chunk, self.vocab).to(self.device)
+                nll, _ = self.token_nll(b.char_ids, b.token_index, b.targets, b.lengths)
+                lp = (-nll).double().cpu()
+                for j, s in enumerate(chunk):
+                    n = len(s) + 1
+                    fwd = lp[0, j, :n].tolist()
+                    bwd = lp[1, j, :n].flip(0).tolist()
+                    out.append(SentenceScore(s, sum(fwd), sum(bwd), fwd, bwd))
+        finally:
+            self.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch], stateful: bool = False) -> dict:
+        """Perplexity over batches (full softmax): per direction and their geometric mean.
+
+        ``stateful``: carry the LSTM state from batch to batch (contiguous BPTT streams).
+        """
+        was_training = self.training
+        self.eval()
+        sums = torch.zeros(2, dtype=torch.float64)
+        n, state = 0, None
+        try:
+            for b in batches:
+                b = b.to(self.device)
+                s, final = self.batch_nll(b, state if stateful else None)
+                sums += s.double().cpu()
+                n += b.n_targets
+                if stateful:
+                    state = final
+        finally:
+            self.train(was_training)
+        if n == 0:
+            raise ElmoError("perplexity: no tokens to evaluate")
+        avg = (sums / n).tolist()
+        return {"tokens": n, "nll_forward": avg[0], "nll_backward": avg[1],
+                "ppl_forward": math.exp(avg[0]), "ppl_backward": math.exp(avg[1]),
+                "ppl_mean": math.exp(0.5 * (avg[0] + avg[1]))}
+
+    # -- saving and loading ----------------------------------------------------------------------
+    def lm_config(self) -> dict:
+        return {"format": LM_FORMAT, "softmax": softmax_config(self.softmax), "dropout": self.dropout,
+                "vocab_file": VOCAB_NAME, "vocab_size": len(self.vocab)}
+
+    def save_pretrained(self, out_dir: str | Path, extra: dict | None = None) -> Path:
+        """Native model dir: the biLM (readable by ``BiLM.from_pretrained``) + softmax + vocab."""
+        from .weights import save_native
+        out_dir = Path(out_dir)
+        tensors = {f"softmax.{k}": v for k, v in self.softmax.state_dict().items()}
+        save_native(self.bilm, out_dir, extra_tensors=tensors, extra_config={**self.lm_config(), **(extra or {})})
+        self.vocab.save(out_dir / VOCAB_NAME)
+        return out_dir
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, dropout: float | None = None) -> "LanguageModel":
+        """A whole LM saved by :meth:`save_pretrained`."""
+        from .weights import CONFIG_NAME, load_native
+        model_dir = Path(model_dir)
+        if not (model_dir / CONFIG_NAME).is_file():
+            raise ElmoError(f"{model_dir}: not a native model directory (no {CONFIG_NAME})")
+        meta_path = model_dir / LM_CONFIG_NAME
+        if not meta_path.is_file():
+            raise ElmoError(f"{model_dir}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
+                            "score text. Train one with `elmo train`, or start from it with --init-from")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ElmoError(f"{meta_path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        if meta.get("format") != LM_FORMAT:
+            raise ElmoError(f"{meta_path}: not an elmo LM description (format {meta.get('format')!r})")
+        vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
+        config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
+        sm = softmax_from_config(meta["softmax"])
+        lm = cls(config, vocab, dropout=meta.get("dropout", 0.1) if dropout is None else dropout,
+                 softmax_module=sm)
+        extra = load_native(lm.bilm, model_dir)
+        sm_state = {k[len("softmax."):]: v for k, v in extra.items() if k.startswith("softmax.")}
+        missing = set(lm.softmax.state_dict()) - set(sm_state)
+        if missing:
+            raise ElmoError(f"{model_dir}: softmax tensors missing: {', '.join(sorted(missing))}")
+        try:
+            lm.softmax.load_state_dict(sm_state)
+        except RuntimeError as e:
+            raise ElmoError(f"{model_dir}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
+        return lm
+
+    @classmethod
+    def init_from(cls, source: str | Path, vocab: Vocabulary, softmax: str | None = None,
+                  num_samples: int = 8192, dropout: float = 0.1, log=print) -> "LanguageModel":
+        """A new LM over ``vocab`` starting from a trained model.
+
+        ``source`` is an LM directory (biLM + softmax) or any biLM ``BiLM.from_pretrained`` reads
+        (a published model: its softmax was never released, so a fresh one is initialised). Rows of
+        tokens in both vocabularies are copied; a new token starts as the old ``<UNK>`` row with
+        the bias lowered by ``log(n_new + 1)``, so the old model's ``<UNK>`` probability is shared
+        out among the new tokens and the new ``<UNK>``.
+        """
+        from .weights import CONFIG_NAME
+        path = Path(str(source))
+        old: LanguageModel | None = None
+        if path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file():
+            old = cls.from_pretrained(path)
+            bilm = old.bilm
+        else:
+            bilm = BiLM.from_pretrained(source)
+        kind = softmax or (softmax_kind(old.softmax) if old is not None else "auto")
+        if kind == "auto" and old is not None:
+            kind = softmax_kind(old.softmax)
+        cutoffs = None
+        if old is not None and isinstance(old.softmax, AdaptiveSoftmax) and kind == "adaptive":
+            cutoffs = old.softmax.cutoffs
+        lm = cls(bilm.config, vocab, softmax=kind, num_samples=num_samples, cutoffs=cutoffs, dropout=dropout)
+        lm.bilm.load_state_dict(bilm.state_dict())
+        if old is None:
+            log(f"init-from {source}: biLM weights loaded; it has no softmax, a new one is initialised")
+            return lm
+        if isinstance(old.softmax, FullSoftmax) and isinstance(lm.softmax, FullSoftmax):
+            _remap_rows(old, lm, log)
+        elif old.vocab.tokens == vocab.tokens and type(old.softmax) is type(lm.softmax):
+            lm.softmax.load_state_dict(old.softmax.state_dict())
+        else:
+            raise ElmoError(f"init-from {source}: a {softmax_kind(old.softmax)} softmax cannot be carried "
+                            f"over to a {kind} softmax with another vocabulary; use --softmax "
+                            f"{softmax_kind(old.softmax)} or the same vocabulary")
+        return lm
+
+
+@torch.no_grad()
+def _remap_rows(old: LanguageModel, new: LanguageModel, log) -> None:
+    ow, ob = old.softmax.weight, old.softmax.bias
+    nw, nb = new.softmax.weight, new.softmax.bias
+    src = torch.tensor([old.vocab.index.get(t, -1) for t in new.vocab.tokens])
+    kept = src >= 0
+    n_new = int((~kept).sum())
+    nw[kept] = ow[src[kept]]
+    nb[kept] = ob[src[kept]]
+    if n_new:
+        unk = old.vocab.unk
+        nw[~kept] = ow[unk]
+        share = math.log(n_new + 1)
+        nb[~kept] = ob[unk] - share
+        nb[new.vocab.unk] = ob[unk] - share
+    log(f"init-from: {int(kept.sum())} softmax rows carried over, {n_new} new tokens initialised "
+        "from <UNK>")
