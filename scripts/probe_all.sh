@@ -8,7 +8,7 @@
 #   DATA_DIR     folder in the layout of ../shared/data (default ../shared/data)
 #   CORPUS_FILE  the text the biLM was trained on, one sentence per line, for the static-embedding
 #                NER baseline (default: PTB train + WikiText-2 valid under DATA_DIR)
-# env: ELMO_PROBE_CACHE (feature cache, default ~/.cache/elmo/probe), THREADS (default 2),
+# env: ELMO_PROBE_CACHE (feature cache, default ~/.cache/elmo/probe), THREADS (default 1: the probes are small ops; raise it on an idle machine),
 #      RESULTS (default results), FIGURES (default docs/probing), PROBE_ARGS (extra options for
 #      `elmo probe all`, e.g. "--limit 200 --limit-semcor 500 --ner-limit 200" for a smoke test)
 set -euo pipefail
@@ -30,7 +30,7 @@ mkdir -p "$OUT" "$FIGURES"
 rm -f "$OUT/results.json"   # a fresh run: results of an earlier model must not mix in
 start=$(date +%s)
 "$PY" -m elmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" --cache "$CACHE" \
-    --threads "${THREADS:-2}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$RESULTS/probe.log"
+    --threads "${THREADS:-1}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$RESULTS/probe.log"
 cp "$OUT/results.json" "$RESULTS/probe.json"
 cp "$OUT"/*.png "$FIGURES/"
 echo "probe_all: done in $(( $(date +%s) - start )) s: $RESULTS/probe.json, $OUT/report.md, $FIGURES/*.png" \

@@ -299,7 +299,10 @@ def learn_mix(inv: SenseInventory, train: WsdCorpus, train_feats: Features, scal
               batch_size: int = 256, lr: float = 0.05, seed: int = 0,
               log: Callable[[str], None] = print) -> dict:
     """Train ``s`` (and a temperature) by softmax over each instance's candidate senses; keep the
-    epoch with the best ``dev_eval(weights)``."""
+    epoch with the best ``dev_eval(weights)`` (the uniform start's dev F1 is reported beside it,
+    not selected: the weights shown are always learned ones)."""
+    if epochs < 1:
+        raise ElmoError(f"wsd: the mix needs at least 1 epoch, got {epochs}")
     rng = np.random.default_rng(seed)
     key_index = {k: i for i, k in enumerate(inv.keys)}
     items = []  # (instance row, candidate list, position of gold)
@@ -325,9 +328,9 @@ def learn_mix(inv: SenseInventory, train: WsdCorpus, train_feats: Features, scal
     for r, it in enumerate(items):
         cand[r, :len(it[1])] = torch.tensor(it[1])
     gold_pos = torch.tensor([it[2] for it in items])
-    best = {"dev_f1": dev_eval(np.full(L, 1.0 / L)), "weights": [1.0 / L] * L, "epoch": 0,
-            "temperature": 0.1}
-    log(f"wsd mix: uniform weights, dev F1 {best['dev_f1']:.4f}")
+    uniform_f1 = dev_eval(np.full(L, 1.0 / L))
+    best = None
+    log(f"wsd mix: uniform weights, dev F1 {uniform_f1:.4f}")
     for epoch in range(1, epochs + 1):
         perm = torch.from_numpy(rng.permutation(len(items)))
         for a in range(0, len(items), batch_size):
@@ -353,12 +356,13 @@ def learn_mix(inv: SenseInventory, train: WsdCorpus, train_feats: Features, scal
             opt.step()
         weights = torch.softmax(s.detach(), 0).numpy()
         f1 = dev_eval(weights)
-        log(f"wsd mix: epoch {epoch} softmax(s) = {np.round(weights, 3).tolist()}, "
+        log(f"wsd mix: epoch {epoch} softmax(s) = {np.round(weights.astype(float), 3).tolist()}, "
             f"tau = {float(1 / log_t.detach().exp()):.4f}, loss {float(loss.detach()):.4f}, dev F1 {f1:.4f}")
-        if f1 >= best["dev_f1"]:
+        if best is None or f1 >= best["dev_f1"]:
             best = {"dev_f1": f1, "weights": weights.tolist(), "epoch": epoch,
                     "temperature": float(1 / log_t.detach().exp())}
     best["n_train_instances"] = len(items)
+    best["uniform_dev_f1"] = uniform_f1
     return best
 
 
@@ -456,6 +460,7 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
         r = evaluate(predict_1nn(inv, test, x, sv, first_sense)[0])
         r.update(weights=learned["weights"], temperature=learned["temperature"],
                  best_epoch=learned["epoch"], dev_f1=learned["dev_f1"],
+                 uniform_dev_f1=learned["uniform_dev_f1"],
                  n_mix_train_instances=learned["n_train_instances"], layer_scales=scale.tolist())
         res["mix"] = r
         grid = grid_mix(L, dev_eval)
