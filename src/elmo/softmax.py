@@ -29,6 +29,11 @@ from .errors import ElmoError
 KINDS = ("full", "sampled", "adaptive")
 
 
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (bfloat16 logits under autocast are normalised in float32)."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 def default_softmax(vocab_size: int) -> str:
     return "full" if vocab_size <= 50_000 else "sampled"
 
@@ -44,11 +49,11 @@ class FullSoftmax(nn.Module):
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
         """``(N, P)`` -> ``(N, V)`` log-probabilities."""
-        return F.log_softmax(F.linear(h, self.weight, self.bias).float(), dim=-1)
+        return F.log_softmax(_up(F.linear(h, self.weight, self.bias)), dim=-1)
 
     def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
             ) -> torch.Tensor:
-        logits = F.linear(h, self.weight, self.bias).float()
+        logits = _up(F.linear(h, self.weight, self.bias))
         return F.cross_entropy(logits, targets, reduction="none")
 
 
@@ -74,16 +79,15 @@ class SampledSoftmax(FullSoftmax):
         if not 1 <= num_samples:
             raise ElmoError(f"sampled softmax: number of negative samples must be positive, got {num_samples}")
         self.num_samples = min(num_samples, vocab_size)
-        self.register_buffer("log_q", log_uniform_probs(vocab_size).float().log(), persistent=False)
+        self.register_buffer("log_q", log_uniform_probs(vocab_size).log().float(), persistent=False)
 
     def sampled_nll(self, h: torch.Tensor, targets: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
         """The sampled loss for given negative ``samples (K,)``."""
         K = samples.numel()
-        log_kq = math.log(K) + self.log_q
+        log_kq = (math.log(K) + self.log_q).to(self.weight.dtype)
         w_t, b_t = self.weight[targets], self.bias[targets]
-        true_logit = (h * w_t).sum(-1).float() + b_t.float() - log_kq[targets]           # (N,)
-        s_logits = (F.linear(h, self.weight[samples], self.bias[samples]).float()
-                    - log_kq[samples])                                                      # (N, K)
+        true_logit = _up((h * w_t).sum(-1)) + b_t - log_kq[targets]           # (N,)
+        s_logits = _up(F.linear(h, self.weight[samples], self.bias[samples])) - log_kq[samples]                                                      # (N, K)
         s_logits = s_logits.masked_fill(samples.unsqueeze(0) == targets.unsqueeze(1), float("-inf"))
         logits = torch.cat([true_logit.unsqueeze(1), s_logits], dim=1)
         return -F.log_softmax(logits, dim=1)[:, 0]
@@ -110,11 +114,11 @@ class AdaptiveSoftmax(nn.Module):
         self.div_value = div_value
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
-        return self.asm.log_prob(h.float())
+        return self.asm.log_prob(_up(h))
 
     def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
             ) -> torch.Tensor:
-        return -self.asm(h.float(), targets).output
+        return -self.asm(_up(h), targets).output
 
 
 def default_cutoffs(vocab_size: int) -> list[int]:

@@ -79,6 +79,7 @@ class TrainConfig:
     batch_size: int | None = 128           # global rows (stream) or sentences per step
     batch_tokens: int | None = None        # instead of batch_size: tokens per global batch
     unroll: int = 20
+    state_reset: float = 0.0               # stream: chance per row and window to restart from zero
     optimizer: str = "adagrad"             # adagrad | adam | sgd
     lr: float | None = None                # 0.2 adagrad, 1e-3 adam, 1.0 sgd
     adagrad_init: float = 1.0
@@ -142,6 +143,8 @@ class TrainConfig:
             raise bad(f"dropout must be in [0, 1), got {self.dropout}")
         if self.lr is not None and not self.lr > 0:
             raise bad(f"lr must be positive, got {self.lr}")
+        if not 0.0 <= self.state_reset <= 1.0:
+            raise bad(f"state_reset must be in [0, 1], got {self.state_reset}")
         if not 0 < self.lr_decay <= 1:
             raise bad(f"lr_decay must be in (0, 1], got {self.lr_decay}")
 
@@ -340,6 +343,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = self._gather_state()
         rng = self._gather_rng()
+        self.last_checkpoint_step = self.step  # on every rank: they must agree on collectives
         if not self.env.is_main:
             return
         ckpt = {
@@ -443,6 +447,8 @@ class Trainer:
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
         for i, b in enumerate(micro):
             b = b.to(self.device)
+            if cfg.state_reset > 0 and self.state is not None:
+                self._reset_some_rows(i)
             sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
             with sync:
                 with autocast:
@@ -467,6 +473,14 @@ class Trainer:
                             "from the checkpoint with --resume")
         self.optimizer.step()
         return loss_value, n_global
+
+    def _reset_some_rows(self, micro: int) -> None:
+        # The same draw on every rank (over the global rows) and after a resume.
+        g = torch.Generator().manual_seed((self.cfg.seed * 7_919 + self.step * 64 + micro + 1) % (2**63))
+        rows = self.batcher.rows
+        keep = (torch.rand(self.batcher.batch_size, generator=g) >= self.cfg.state_reset)[rows.start:rows.stop]
+        keep = keep.to(self.device).view(1, -1, 1)
+        self.state = [(c * keep, h * keep) for c, h in self.state]
 
     def _should_stop(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
@@ -600,6 +614,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict:
         return trainer.run()
     finally:
         if trainer.env.active and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()  # rank 0 writes the model dirs last
             dist.destroy_process_group()
 
 
@@ -619,6 +635,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=S, help=f"global rows/sentences per step (default {d['batch_size']})")
     g.add_argument("--batch-tokens", type=int, default=S, help="global tokens per step (instead of --batch-size)")
     g.add_argument("--unroll", type=int, default=S, help=f"BPTT window (default {d['unroll']})")
+    g.add_argument("--state-reset", type=float, default=S,
+                   help="stream batching: probability per row and window of restarting from the zero "
+                        "state (default 0, the original; >0 keeps the LM sane from a zero state)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default=S, help=f"preset ({', '.join(TRAIN_PRESETS)}) or options.json "
                                               f"(default {d['model']})")

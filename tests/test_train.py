@@ -1,0 +1,240 @@
+"""Training: learning on real text, exact resume after SIGKILL, DDP == one process, bad inputs."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from elmo.cli import main as cli_main
+from elmo.data import Corpus, Vocabulary
+from elmo.errors import ElmoError
+from elmo.lm import LanguageModel
+from elmo.train import CHECKPOINT_NAME, TrainConfig, train
+
+from conftest import shared_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ptb_slice(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ptb")
+    ptb = shared_path("data", "lm", "ptb")
+    lines = (ptb / "ptb.train.txt").read_text().splitlines()
+    (d / "train.txt").write_text("\n".join(lines[:3000]) + "\n")
+    (d / "valid.txt").write_text("\n".join((ptb / "ptb.valid.txt").read_text().splitlines()[:300]) + "\n")
+    Vocabulary.build([d / "train.txt"], max_size=2000).save(d / "vocab.txt", with_counts=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def fixture_corpus():
+    d = shared_path("fixtures", "bilm-tf", "train")
+    return d / "data.txt", d / "vocab.txt"
+
+
+def base_config(tmp_path, data, vocab, **kw):
+    cfg = dict(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / "run"), model="tiny",
+               batch_size=4, unroll=5, max_steps=6, log_every=2, eval_every=1000, checkpoint_every=1000,
+               threads=1, progress=False)
+    cfg.update(kw)
+    return TrainConfig(**cfg)
+
+
+def unigram_ppl(vocab: Vocabulary, files) -> float:
+    # Per direction, a target is a word or one sentence boundary (</S> forward, <S> backward).
+    counts = list(vocab.counts)
+    counts[0] = 0
+    total = sum(counts)
+    nll, n = 0.0, 0
+    for s, _ in Corpus(files, shuffle=False).sentences(epochs=1):
+        for t in vocab.ids(s) + [vocab.eos]:
+            nll -= math.log(max(counts[t], 1) / total)
+            n += 1
+    return math.exp(nll / n)
+
+
+def test_tiny_run_beats_unigram(tmp_path, ptb_slice):
+    cfg = base_config(tmp_path, ptb_slice / "train.txt", ptb_slice / "vocab.txt", valid=[str(ptb_slice / "valid.txt")],
+                      batch_size=32, unroll=20, max_steps=250, optimizer="adam", lr=1e-2, dropout=0.0,
+                      eval_every=125, log_every=50)
+    summary = train(cfg, log=lambda s: None)
+    uni = unigram_ppl(Vocabulary.from_file(ptb_slice / "vocab.txt"), [ptb_slice / "valid.txt"])
+    v = summary["valid"]
+    assert 150 < uni < 250
+    # 160k training tokens of a 0.14M-parameter model: about 20% below the unigram model.
+    assert v["valid_ppl_forward"] < 0.84 * uni and v["valid_ppl_mean"] < 0.86 * uni
+    # Logs: JSONL with train and validation entries; outputs: model dirs + published export.
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "loss" in x] == [50, 100, 150, 200, 250]
+    assert [x["step"] for x in lines if "valid_ppl_mean" in x] == [125, 250]
+    run = tmp_path / "run"
+    for name in ("model", "best"):
+        assert (run / name / "model.safetensors").is_file() and (run / name / "vocab.txt").is_file()
+    assert (run / "published" / "elmo_weights.hdf5").is_file()
+    # elmo perplexity on the saved model agrees with the run's last validation.
+    out = tmp_path / "ppl.json"
+    assert cli_main(["perplexity", str(run / "model"), str(ptb_slice / "valid.txt"), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["ppl_forward"] == pytest.approx(v["valid_ppl_forward"], rel=1e-4)
+    assert r["tokens"] == 7060 and r["params"] == summary["parameters"]
+    # Stream mode counts every token too.
+    assert cli_main(["perplexity", str(run / "model"), str(ptb_slice / "valid.txt"), "--mode", "stream",
+                     "--batch-size", "4", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["tokens"] == 7060
+
+
+def _train_cmd(out, data, vocab, steps, extra=()):
+    return [sys.executable, "-m", "elmo.cli", "train", "--train", str(data), "--vocab", str(vocab),
+            "--out", str(out), "--model", "tiny", "--batch-size", "8", "--unroll", "10",
+            "--max-steps", str(steps), "--checkpoint-every", "20", "--log-every", "20",
+            "--softmax", "sampled", "--num-samples", "300", "--dropout", "0.1", "--threads", "1",
+            "--no-progress", *extra]
+
+
+def _params(run):
+    from safetensors.torch import load_file
+    return load_file(str(Path(run) / "model" / "model.safetensors"))
+
+
+def test_sigkill_and_resume_is_exact(tmp_path, ptb_slice):
+    data, vocab = ptb_slice / "train.txt", ptb_slice / "vocab.txt"
+    steps = 300
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = subprocess.run(_train_cmd(tmp_path / "ref", data, vocab, steps), env=env, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(run, data, vocab, steps), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run / CHECKPOINT_NAME).is_file():
+            assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+            time.sleep(0.01)
+        time.sleep(0.3)  # mid-way between checkpoints
+        assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (run / "model").exists()
+    killed_at = torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"]
+    assert 0 < killed_at < steps
+    res = subprocess.run(_train_cmd(run, data, vocab, steps, ["--resume"]), env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert f"resumed from {run / CHECKPOINT_NAME} at step {killed_at}" in res.stderr
+    a, b = _params(tmp_path / "ref"), _params(run)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # The metrics log has each step once.
+    steps_logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged == list(range(20, steps + 1, 20))
+
+
+@pytest.mark.parametrize("batching", ["stream", "sentence"])
+def test_ddp_two_ranks_equal_one_process(tmp_path, ptb_slice, batching):
+    data, vocab = ptb_slice / "train.txt", ptb_slice / "vocab.txt"
+    extra = ["--batching", batching, "--dropout", "0", "--max-steps", "8", "--checkpoint-every", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run(_train_cmd(tmp_path / "one", data, vocab, 8, extra), env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *_train_cmd(tmp_path / "two", data, vocab, 8, extra)[1:]]
+    two = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 rank(s)" in two.stderr
+    a, b = _params(tmp_path / "one"), _params(tmp_path / "two")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=2e-6), (k, (a[k] - b[k]).abs().max())
+    la = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x)["loss"] for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert la == pytest.approx(lb, rel=1e-5)
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path, fixture_corpus, monkeypatch):
+    data, vocab = fixture_corpus
+    calls = {"n": 0}
+    real = LanguageModel.forward
+
+    def forward(self, *a, **kw):
+        calls["n"] += 1
+        sums, state = real(self, *a, **kw)
+        return (sums * float("nan") if calls["n"] == 5 else sums), state
+
+    monkeypatch.setattr(LanguageModel, "forward", forward)
+    cfg = base_config(tmp_path, data, vocab, max_steps=10, checkpoint_every=2)
+    with pytest.raises(ElmoError, match=r"loss is nan at step 5; the last good checkpoint is .*checkpoint.pt \(step 4\)"):
+        train(cfg, log=lambda s: None)
+    ck = torch.load(tmp_path / "run" / CHECKPOINT_NAME, weights_only=False)
+    assert ck["step"] == 4 and all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, fixture_corpus, capsys):
+    data, vocab = fixture_corpus
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    novocab = tmp_path / "bad_vocab.txt"
+    novocab.write_text("the\nof\n")
+    cases = [
+        (["train", "--train", str(empty), "--out", str(tmp_path / "r1"), "--max-steps", "2"], "no sentences"),
+        (["train", "--train", str(data), "--vocab", str(novocab), "--out", str(tmp_path / "r2"), "--max-steps", "2"],
+         "bad_vocab.txt: the first three entries must be <S>, </S>, <UNK>"),
+        (["train", "--train", str(tmp_path / "nope*.txt"), "--out", str(tmp_path / "r3"), "--max-steps", "2"],
+         "matches no files"),
+        (["train", "--train", str(data), "--out", str(tmp_path / "r4")], "give max_steps or epochs"),
+        (["train", "--train", str(data), "--out", str(tmp_path / "r5"), "--max-steps", "2", "--model", "huge"],
+         "neither a preset"),
+        (["perplexity", str(tmp_path), str(data)], "not a native model directory"),
+        (["vocab", str(empty), "-o", str(tmp_path / "v.txt")], "no sentences"),
+    ]
+    for argv, msg in cases:
+        assert cli_main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+
+
+def test_vocab_cli(tmp_path, fixture_corpus, capsys):
+    data, ref_vocab = fixture_corpus
+    out = tmp_path / "v.txt"
+    assert cli_main(["vocab", str(data), "-o", str(out), "--min-count", "2"]) == 0
+    toks = out.read_text().splitlines()
+    assert toks[:3] == ["<S>", "</S>", "<UNK>"]
+    counts = Vocabulary.build([data]).counts
+    assert all(c >= 2 for c in Vocabulary.build([data], min_count=2).counts[3:]) and len(toks) < len(counts)
+
+
+def test_options_sentence_batching_tokens_accum_bf16_adaptive(tmp_path, fixture_corpus):
+    data, vocab = fixture_corpus
+    for i, kw in enumerate([dict(batching="sentence", batch_tokens=64, grad_accum=2, optimizer="adam"),
+                            dict(bf16=True, softmax="sampled", num_samples=10),
+                            dict(softmax="adaptive", optimizer="sgd", lr=0.5, epochs=2, max_steps=None)]):
+        cfg = base_config(tmp_path / str(i), data, vocab, **kw)
+        s = train(cfg, log=lambda s: None)
+        assert s["steps"] > 0
+        hist = [json.loads(x) for x in (tmp_path / str(i) / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert all(math.isfinite(h["loss"]) for h in hist if "loss" in h)
+        lm = LanguageModel.from_pretrained(tmp_path / str(i) / "run" / "model")
+        assert lm.score([["the", "models"]])[0].forward_logprob < 0
+    # epochs=2 over 4 sentences of the fixture ends by itself.
+    assert s["tokens"] == 2 * sum(len(x.split()) + 1 for x in data.read_text().splitlines() if x.strip())
+
+
+def test_init_from_continues_with_new_vocab(tmp_path, fixture_corpus, ptb_slice):
+    data, vocab = fixture_corpus
+    train(base_config(tmp_path / "a", data, vocab), log=lambda s: None)
+    msgs = []
+    s = train(base_config(tmp_path / "b", ptb_slice / "valid.txt", ptb_slice / "vocab.txt",
+                          init_from=str(tmp_path / "a" / "run" / "model"), max_steps=2), log=msgs.append)
+    assert s["steps"] == 2
+    assert any("softmax rows carried over" in m for m in msgs)
