@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# PTB (Mikolov) biLM of < 6M parameters (softmax included), to forward test perplexity <= 92.3
+# (Kim et al. 2016, LSTM-Char-Small). Resumable: run it again after any interruption.
+#
+#   scripts/train_ptb.sh            # THREADS=2 to use both cores, MAX_STEPS=... to change the budget
+#
+# Writes runs/ptb/ (checkpoint, metrics.jsonl, train.log, best/, model/, published/) and
+# results/ptb.json (+ results/ptb_sentence.json: the same model scored sentence by sentence).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+PTB=${PTB:-../shared/data/lm/ptb}
+RUN=${RUN:-runs/ptb}
+RESULTS=${RESULTS:-results}
+THREADS=${THREADS:-1}
+MAX_STEPS=${MAX_STEPS:-40000}   # 32 x 20 tokens a step: ~28 epochs of PTB train
+mkdir -p "$RUN" "$RESULTS"
+[ -f "$RUN/vocab.txt" ] || $PY -m elmo.cli vocab "$PTB/ptb.train.txt" -o "$RUN/vocab.txt"
+# <unk> is an ordinary token (its characters are the input, its own vocab entry the target), as in
+# Kim et al.; every PTB test word is in the train vocabulary, so <UNK> is never a target.
+$PY -m elmo.cli train --resume --out "$RUN" \
+    --train "$PTB/ptb.train.txt" --valid "$PTB/ptb.valid.txt" --vocab "$RUN/vocab.txt" \
+    --model cpu --softmax full --batching stream --batch-size 32 --unroll 20 --state-reset 0.1 \
+    --optimizer adam --lr 2e-3 --lr-decay 0.5 --dropout 0.5 --clip-norm 10 \
+    --max-steps "$MAX_STEPS" --eval-every 1000 --eval-mode stream --eval-batch-size 20 \
+    --checkpoint-every 500 --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
+    2>&1 | tee -a "$RUN/train.log"
+# Test perplexity as word-level LM papers count it: per token over the whole test set as one
+# stream per row (state carried), every </S> (<eos>) prediction included: 82,430 tokens.
+$PY -m elmo.cli perplexity "$RUN/best" "$PTB/ptb.test.txt" --mode stream --batch-size 20 \
+    --threads "$THREADS" --json "$RUN/test_stream.json" > /dev/null
+$PY -m elmo.cli perplexity "$RUN/best" "$PTB/ptb.test.txt" --mode sentence \
+    --threads "$THREADS" --json "$RESULTS/ptb_sentence.json" > /dev/null
+$PY - "$RUN" "$RESULTS" <<'PY'
+import json, sys
+run = sys.argv[1]
+r = json.load(open(f"{run}/test_stream.json"))
+t = json.load(open(f"{run}/best/training.json"))
+out = {"params": r["params"], "test_ppl_forward": r["ppl_forward"], "test_ppl_backward": r["ppl_backward"],
+       "test_ppl_mean": r["ppl_mean"], "test_tokens": r["tokens"], "eval": "stream, 20 rows, state carried",
+       "model_dir": f"{run}/best", "best_step": t.get("train", {}).get("steps"),
+       "valid": t.get("train", {}).get("valid")}
+json.dump(out, open(f"{sys.argv[2]}/ptb.json", "w"), indent=2)
+print(json.dumps(out, indent=2))
+PY
