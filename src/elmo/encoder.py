@@ -6,7 +6,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .chars import PAD_CHAR
 from .config import ElmoConfig
+
+PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
 
 
 class Highway(nn.Module):
@@ -48,12 +51,73 @@ class CharCNNEncoder(nn.Module):
 
     def encode_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """``(N, 50)`` -> ``(N, P)``, no deduplication, no cache."""
-        x = self.char_embed(ids).transpose(1, 2)             # (N, E, 50)
-        feats = [self._act(conv(x).amax(dim=-1)) for conv in self.convs]
-        h = torch.cat(feats, dim=-1)                          # (N, n_filters)
+        h = self._act(self._conv_max(ids))                    # (N, n_filters)
         for hw in self.highways:
             h = hw(h)
         return self.proj(h)
+
+    def conv_reference(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(N, 50)`` -> ``(N, n_filters)``: the char-CNN as written (every width, every position)."""
+        x = self.char_embed(ids).transpose(1, 2)             # (N, E, 50)
+        return self._act(torch.cat([conv(x).amax(dim=-1) for conv in self.convs], dim=-1))
+
+    def _conv_max(self, ids: torch.Tensor) -> torch.Tensor:
+        """Max over positions of every filter's valid cross-correlation, before the activation.
+
+        The same windows as :meth:`conv_reference`, computed with less work:
+
+        * all widths in one matmul: each window of the widest filter is flattened to
+          ``(w_max * E)`` and multiplied by the filters stacked (narrower ones zero-padded);
+        * only windows that touch a real character: a token is its characters followed by
+          padding, and every all-padding window of a width has the same value, computed once.
+          Tokens are grouped by length so each group computes just its own positions.
+        """
+        N, C = ids.shape
+        F_total = self.config.n_filters
+        widths = [conv.kernel_size[0] for conv in self.convs]
+        w_max, E = max(widths), self.config.char_embed_dim
+        pad_id = ids.new_full((), PAD_ID)
+        # (w_max * E, F): row k * E + e holds offset k, channel e; zeros past a filter's width.
+        weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
+        weight = weight.permute(2, 1, 0).reshape(w_max * E, F_total)
+        bias = torch.cat([conv.bias for conv in self.convs])
+        width_of = torch.tensor([w for w, n in zip(widths, self.config.filters) for _ in range(n[1])],
+                                device=ids.device)
+        # Value of an all-padding window, per filter.
+        pad_emb = self.char_embed(pad_id.view(1))                       # (1, E)
+        pad_value = torch.addmm(bias, pad_emb.repeat(1, w_max), weight)[0]
+
+        # Length = one past the last non-padding character.
+        nonpad = ids != PAD_ID
+        pos = torch.arange(1, C + 1, device=ids.device)
+        lengths = (nonpad * pos).amax(dim=1)                            # (N,)
+        order = torch.argsort(lengths)
+        sorted_len = lengths[order]
+        emb = self.char_embed(ids[order])                               # (N, C, E)
+        # Extend past the end so every start position has a full w_max window; windows that
+        # reach past C are invalid for the wider filters and masked below.
+        emb = torch.cat([emb, pad_emb.expand(N, w_max - 1, E)], dim=1)
+        out = emb.new_empty(N, F_total)
+        bounds = torch.unique_consecutive(sorted_len, return_counts=True)
+        start = 0
+        for L, count in zip(bounds[0].tolist(), bounds[1].tolist()):
+            stop = start + count
+            n_pos = max(1, min(L, C - min(widths) + 1))
+            win = emb[start:stop, : n_pos + w_max - 1].unfold(1, w_max, 1)  # (n, n_pos, E, w_max)
+            win = win.transpose(2, 3).reshape(-1, w_max * E)
+            y = torch.addmm(bias, win, weight).view(count, n_pos, F_total)
+            # Width w has windows at starts 0 .. C - w only.
+            valid = torch.arange(n_pos, device=ids.device).unsqueeze(1) <= (C - width_of)
+            if not bool(valid.all()):
+                y = y.masked_fill(~valid, float("-inf"))
+            m = y.amax(dim=1)
+            # All-padding windows exist for width w iff the token leaves room for one: L + w <= C.
+            has_pad = (L + width_of) <= C
+            out[start:stop] = torch.where(has_pad, torch.maximum(m, pad_value), m)
+            start = stop
+        result = torch.empty_like(out)
+        result[order] = out
+        return result
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros."""
