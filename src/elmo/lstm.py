@@ -10,8 +10,10 @@ Parameters carry a leading direction axis of size 2 (0 = forward LM, 1 = backwar
 ``bmm`` serves both directions. The backward inputs arrive already reversed per sentence, so
 both directions step through the same positions with the same mask.
 
-:func:`lstm_layer_fast` is the production path: one matmul over all time steps for the input
-products, a length-sorted batch that shrinks as rows finish, a handful of ops per step.
+:func:`lstm_layer_fast` is the production path: a length-sorted batch that shrinks as rows
+finish, a handful of ops per step. Under autograd it precomputes the input products of all
+steps in one matmul; without autograd (inference) it works in place, time-major, with no
+per-step allocation (see :func:`_lstm_layer_inference`).
 :func:`lstm_reference` is the slow, obviously-correct path it is tested against.
 """
 
@@ -73,6 +75,13 @@ def lstm_layer_fast(
     out ``(2, B, T, P)`` (zeros past each row's length), and the final ``(c, h)``: each row's
     state after its last position (its initial state if its length is 0).
     """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, *layer.parameters())):
+        return _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip)
+    return _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip)
+
+
+def _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip):
+    """:func:`lstm_layer_fast` where gradients are needed: out-of-place, autograd-friendly."""
     _, B, T, _ = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     # The input half of z for every step at once: the big, efficient matmul.
@@ -106,6 +115,98 @@ def lstm_layer_fast(
         steps += [x.new_zeros(2, B, P)] * (T - len(steps))
     out = torch.stack(steps, dim=2) if steps else x.new_zeros(2, B, T, P)
     return out, c, h
+
+
+# Inference (no autograd) paths, chosen by the width of the per-step matmul. Measured on CPU:
+# for narrow layers (in + P <= FUSED_MAX_K, e.g. the small model's 128 + 128) one matmul per step
+# over [x_t ; h_{t-1} ; 1] (K = in + P + 1, the bias as the last weight row) beats a precomputed
+# K = in product plus a K = P one; for wide layers (the original's 512 + 512) precomputing the
+# input products of many steps at once (M = steps x rows) is faster.
+FUSED_MAX_K = 512
+# Input products are computed this many bytes' worth of steps at a time: big matmuls, flat memory.
+INPUT_CHUNK_BYTES = 64 * 2**20
+
+
+def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip):
+    """:func:`lstm_layer_fast` without autograd: the same arithmetic, in place, time-major.
+
+    Each step works on contiguous ``(2, n, .)`` blocks of the n rows still running (the batch is
+    sorted, so they are a prefix); the gates are applied in place, ``h_t`` is written straight
+    into the output, and the next step reads its ``h`` from there. No per-step allocation.
+    """
+    _, B, T, In = x.shape
+    D, P = layer.lstm_dim, layer.projection_dim
+    bias = layer.bias.detach().clone()
+    bias[:, 2 * D:3 * D] += FORGET_BIAS               # sigmoid(f + 1): the 1 folded into the bias
+    n_run, n = [], B                                   # rows still running at each step
+    for t in range(T):
+        while n > 0 and lengths[n - 1] <= t:
+            n -= 1
+        n_run.append(n)
+    c = c0.clone()
+    tanh_c = x.new_empty(2, B, D)
+
+    def cell(z, n):
+        """Gates of ``z (2, n, 4D)`` in place; updates ``c[:, :n]``; returns o * tanh(c)."""
+        i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
+        i.sigmoid_()
+        z[..., 2 * D:].sigmoid_()                      # f and o together
+        j.tanh_()
+        c_n = c[:, :n]
+        c_n.mul_(f).addcmul_(i, j)
+        if cell_clip is not None:
+            c_n.clamp_(-cell_clip, cell_clip)
+        return torch.tanh(c_n, out=tanh_c[:, :n]).mul_(o)
+
+    if In + P <= FUSED_MAX_K:
+        # xh[:, t] = [x_t ; h_{t-1} ; 1]; step t writes h_t into xh[:, t + 1].
+        K = In + P + 1
+        w = torch.cat([layer.w_x, layer.w_h, bias.unsqueeze(1)], dim=1)   # (2, K, 4D)
+        xh = x.new_zeros(2, T + 1, B, K)
+        xh[:, :T, :, :In] = x.transpose(1, 2)
+        xh[:, 0, :, In:In + P] = h0
+        xh[..., In + P] = 1.0
+        z_buf = x.new_empty(2, B, 4 * D)
+        for t in range(T):
+            n = n_run[t]
+            if n == 0:
+                break
+            z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
+            h = xh[:, t + 1, :n, In:In + P]
+            torch.bmm(cell(z, n), layer.w_p, out=h)
+            if proj_clip is not None:
+                h.clamp_(-proj_clip, proj_clip)
+        hs = xh[..., In:In + P]                        # (2, T + 1, B, P): h0, h_1, ..., zeros past the end
+        out = hs[:, 1:]
+    else:
+        xt = x.transpose(1, 2)                         # (2, T, B, in), a view
+        out = x.new_zeros(2, T, B, P)
+        h = h0
+        chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
+        for t0 in range(0, T, chunk):
+            n0 = n_run[t0]
+            if n0 == 0:
+                break
+            t1 = min(T, t0 + chunk)
+            xin = xt[:, t0:t1, :n0].reshape(2, (t1 - t0) * n0, In)
+            xw = torch.baddbmm(bias.unsqueeze(1), xin, layer.w_x).view(2, t1 - t0, n0, 4 * D)
+            for t in range(t0, t1):
+                n = n_run[t]
+                if n == 0:
+                    break
+                z = xw[:, t - t0, :n]
+                z.baddbmm_(h[:, :n], layer.w_h)
+                h = out[:, t, :n]
+                torch.bmm(cell(z, n), layer.w_p, out=h)
+                if proj_clip is not None:
+                    h.clamp_(-proj_clip, proj_clip)
+    L = torch.tensor(lengths, device=x.device).clamp(max=T)
+    rows = torch.arange(B, device=x.device)
+    if In + P <= FUSED_MAX_K:
+        h_final = hs[:, L, rows]                       # a row of length L has its final h at slot L
+    else:
+        h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
+    return out.transpose(1, 2), c, h_final
 
 
 def lstm_reference(
