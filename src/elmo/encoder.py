@@ -105,12 +105,14 @@ class CharCNNEncoder(nn.Module):
             n_pos = max(1, min(L, C - min(widths) + 1))
             win = emb[start:stop, : n_pos + w_max - 1].unfold(1, w_max, 1)  # (n, n_pos, E, w_max)
             win = win.transpose(2, 3).reshape(-1, w_max * E)
-            y = torch.addmm(bias, win, weight).view(count, n_pos, F_total)
+            y = torch.mm(win, weight).view(count, n_pos, F_total)
             # Width w has windows at starts 0 .. C - w only.
             valid = torch.arange(n_pos, device=ids.device).unsqueeze(1) <= (C - width_of)
             if not bool(valid.all()):
                 y = y.masked_fill(~valid, float("-inf"))
-            m = y.amax(dim=1)
+            # The bias is the same at every position: max(y + b) = max(y) + b (rounding is
+            # monotone), added after the max, on (count, F) instead of (count, n_pos, F).
+            m = y.amax(dim=1) + bias
             # All-padding windows exist for width w iff the token leaves room for one: L + w <= C.
             has_pad = (L + width_of) <= C
             out[start:stop] = torch.where(has_pad, torch.maximum(m, pad_value), m)

@@ -183,13 +183,20 @@ def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip):
         out = x.new_zeros(2, T, B, P)
         h = h0
         chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
+        # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul. Both
+        # buffers are reused from chunk to chunk (no fresh 64 MB allocation per chunk).
+        w = torch.cat([layer.w_x, bias.unsqueeze(1)], dim=1)            # (2, in + 1, 4D)
+        x1 = x.new_empty(2, min(chunk, T) * B, In + 1)
+        x1[..., In] = 1.0
+        xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D)
         for t0 in range(0, T, chunk):
             n0 = n_run[t0]
             if n0 == 0:
                 break
             t1 = min(T, t0 + chunk)
-            xin = xt[:, t0:t1, :n0].reshape(2, (t1 - t0) * n0, In)
-            xw = torch.baddbmm(bias.unsqueeze(1), xin, layer.w_x).view(2, t1 - t0, n0, 4 * D)
+            M = (t1 - t0) * n0
+            x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
+            xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
             for t in range(t0, t1):
                 n = n_run[t]
                 if n == 0:
