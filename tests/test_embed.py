@@ -318,6 +318,16 @@ def test_stateful_batches_in_input_order(fixture_model, sentences):
             for r, s in enumerate(sents[i:i + 4]):
                 np.testing.assert_allclose(got[i + r], top[r, : len(s)].numpy(), **TOL)
     assert not np.allclose(got[5], embed_sentences(fixture_model, sents, "top")[5], atol=1e-3)
+    # Blank sentences keep their rows (a batch may be all blank): the model sees "<S> </S>".
+    with_blanks = sents[:3] + [[], []] + sents[3:5]
+    got = embed_sentences(stateful, with_blanks, "top", batch_size=2)
+    stateful.reset_states()
+    with torch.no_grad():
+        for i in range(0, len(with_blanks), 2):
+            top = stateful(batch_to_ids(with_blanks[i:i + 2])).layers[-1]
+            for r, s in enumerate(with_blanks[i:i + 2]):
+                assert got[i + r].shape == (len(s), 32)
+                np.testing.assert_allclose(got[i + r], top[r, : len(s)].numpy(), **TOL)
     with pytest.raises(ElmoError, match="stateful"):
         embed_sentences(stateful, sents, "top", max_tokens_per_batch=100)
 
@@ -350,6 +360,15 @@ def test_invalid_utf8_names_the_line(tmp_path, fixture_model, model_args, capsys
     with h5py.File(out, "r") as f:
         assert f["2"].shape == (3, 32)
         assert "caf\ufffd au lait" in json.loads(f["sentence_to_index"][0])
+
+
+def test_api_rejects_untokenised_input(fixture_model):
+    with pytest.raises(ElmoError, match="sentence 1 is a str"):
+        embed_sentences(fixture_model, [["a"], "b c"])
+    with pytest.raises(ElmoError, match="sentence 0 token 1 is int"):
+        embed_sentences(fixture_model, [["a", 3]])
+    with pytest.raises(ElmoError, match="layers must be one of"):
+        embed_sentences(fixture_model, [["a"]], "middle")
 
 
 def test_bad_options_are_one_line_errors(tmp_path, model_args, allennlp_dir, capsys, sentences):

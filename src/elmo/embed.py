@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from .bilm import BiLM
-from .chars import batch_to_ids
+from .chars import MAX_CHARS, word_to_char_ids
 from .errors import ElmoError
 from .fileio import atomic_path
 
@@ -85,18 +85,31 @@ def output_shape(model: BiLM, layers: str, pool: str | None, n_tokens: int) -> t
     return (model.num_layers, n_tokens, F) if layers == "all" else (n_tokens, F)
 
 
+def _char_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
+    """:func:`elmo.batch_to_ids` for str tokens, built in one numpy scatter (a few times faster)."""
+    T = max(len(s) for s in batch)
+    out = np.zeros((len(batch), T, MAX_CHARS), np.int64)
+    lengths = [len(s) for s in batch]
+    if T:
+        rows = np.repeat(np.arange(len(batch)), lengths)
+        cols = np.concatenate([np.arange(n) for n in lengths])
+        out[rows, cols] = [word_to_char_ids(t) for s in batch for t in s]
+    return torch.from_numpy(out)
+
+
 @torch.no_grad()
 def _embed_batch(model: BiLM, batch: Sequence[Sequence[str]], layers: str,
                  pool: str | None) -> list[np.ndarray]:
     """Run one batch; returns each sentence's float32 array (see :func:`output_shape`)."""
-    ids = batch_to_ids(batch).to(model.device)
+    ids = _char_ids(batch).to(model.device)
     out = model(ids)
+    reps = [t.float() for t in out.layers]                      # mix and pool in float32
     if layers == "all":
-        rep = torch.stack(out.layers, dim=1)                    # (B, L, T, F)
+        rep = torch.stack(reps, dim=1)                          # (B, L, T, F)
     elif layers == "top":
-        rep = out.layers[-1]                                    # (B, T, F)
+        rep = reps[-1]                                          # (B, T, F)
     else:
-        rep = sum(out.layers[1:], out.layers[0]) / len(out.layers)
+        rep = sum(reps[1:], reps[0]) / len(reps)
     lengths = [len(s) for s in batch]
     if pool == "mean":
         m = out.mask.to(rep.dtype)
@@ -104,7 +117,7 @@ def _embed_batch(model: BiLM, batch: Sequence[Sequence[str]], layers: str,
         n = torch.tensor(lengths, device=rep.device, dtype=rep.dtype).clamp(min=1)
         n = n.view(-1, 1, 1) if layers == "all" else n.view(-1, 1)
         rep = (rep * m.unsqueeze(-1)).sum(dim=-2) / n
-    rep = rep.float().cpu().numpy()
+    rep = rep.cpu().numpy()
     results = []
     for b, n_tok in enumerate(lengths):
         if pool == "mean":
@@ -273,7 +286,11 @@ def iter_embed(model: BiLM, sentences: Iterable[Sequence[str]], layers: str = "a
             if isinstance(s, str):
                 raise ElmoError(f"sentence {i} is a str, expected a list of tokens (split it first, "
                                 "e.g. line.split())")
-            yield i, list(s)
+            s = list(s)
+            for j, tok in enumerate(s):
+                if not isinstance(tok, str):
+                    raise ElmoError(f"sentence {i} token {j} is {type(tok).__name__}, expected str")
+            yield i, s
 
     return _iter_embed_indexed(model, items(), layers, pool, batching, on_batch, None)
 
