@@ -478,3 +478,18 @@ def test_stdin_input_bom_and_line_count(tmp_path, fixture_model, monkeypatch):
     assert count_lines(p) == 3 and count_lines("-") is None
     p.write_bytes(b"a\nb\n")
     assert count_lines(p) == 2
+
+
+def test_no_model_option_uses_the_default_model(tmp_path, fixture_model, monkeypatch, sentences):
+    asked = []
+
+    def fake_from_pretrained(name="default", **kw):
+        asked.append((name, kw))
+        return fixture_model
+
+    monkeypatch.setattr(E.BiLM, "from_pretrained", staticmethod(fake_from_pretrained))
+    src = _write(tmp_path / "in.txt", sentences[:2])
+    assert main(["embed", str(src), str(tmp_path / "out.hdf5"), "--top", "--quiet"]) == 0
+    assert asked == [("default", {"stateful": False})]
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        assert f["1"].shape == (len(sentences[1].split()), 32)
