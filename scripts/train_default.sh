@@ -3,7 +3,7 @@
 # (MASC, UD EWT train, WikiText-2 valid, WNUT-17 train; validation UD EWT dev; no test split).
 # Resumable: run it again after any interruption.
 #
-#   scripts/train_default.sh        # THREADS=2, EPOCHS=... as needed
+#   scripts/train_default.sh        # THREADS=2, MAX_STEPS=... as needed
 #
 # Writes runs/default_corpus/ (the prepared corpus, not committed), runs/default/ (checkpoint,
 # metrics, best/, model/, published/) and results/default_model.json (validation perplexity).
@@ -16,7 +16,7 @@ CORPUS=${CORPUS:-runs/default_corpus}
 RUN=${RUN:-runs/default}
 RESULTS=${RESULTS:-results}
 THREADS=${THREADS:-1}
-EPOCHS=${EPOCHS:-10}
+MAX_STEPS=${MAX_STEPS:-3200}   # ~1,250 tokens a step: ~4 epochs of the 970k-token corpus
 mkdir -p "$RUN" "$RESULTS"
 [ -f "$CORPUS/valid.txt" ] || $PY scripts/prepare_default_corpus.py "$CORPUS"
 [ -f "$RUN/vocab.txt" ] || $PY -m elmo.cli vocab "$CORPUS/train/*.txt" -o "$RUN/vocab.txt" --min-count 3
@@ -25,8 +25,8 @@ mkdir -p "$RUN" "$RESULTS"
 $PY -m elmo.cli train --resume --out "$RUN" \
     --train "$CORPUS/train/*.txt" --valid "$CORPUS/valid.txt" --vocab "$RUN/vocab.txt" \
     --model cpu --softmax full --batching sentence --batch-tokens 1280 \
-    --optimizer adam --lr 2e-3 --lr-decay 0.5 --dropout 0.3 --clip-norm 10 \
-    --epochs "$EPOCHS" --eval-every 1000 --checkpoint-every 500 --patience 4 --log-every 100 \
+    --optimizer adam --lr 2e-3 --lr-schedule cosine --warmup-steps 100 --dropout 0.3 --clip-norm 10 \
+    --max-steps "$MAX_STEPS" --eval-every 400 --checkpoint-every 200 --log-every 100 \
     --threads "$THREADS" --no-progress 2>&1 | tee -a "$RUN/train.log"
 $PY -m elmo.cli perplexity "$RUN/best" "$CORPUS/valid.txt" --threads "$THREADS" \
     --json "$RESULTS/default_model.json"

@@ -96,7 +96,7 @@ def _train_cmd(out, data, vocab, steps, extra=()):
             "--out", str(out), "--model", "tiny", "--batch-size", "8", "--unroll", "10",
             "--max-steps", str(steps), "--checkpoint-every", "20", "--log-every", "20",
             "--softmax", "sampled", "--num-samples", "300", "--dropout", "0.1", "--threads", "1",
-            "--no-progress", *extra]
+            "--lr-schedule", "cosine", "--warmup-steps", "30", "--no-progress", *extra]
 
 
 def _params(run):
@@ -139,6 +139,27 @@ def test_sigkill_and_resume_is_exact(tmp_path, ptb_slice):
     # The metrics log has each step once.
     steps_logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged == list(range(20, steps + 1, 20))
+
+
+def test_lr_schedules(tmp_path, fixture_corpus):
+    data, vocab = fixture_corpus
+    cos = base_config(tmp_path, data, vocab, max_steps=100, lr_schedule="cosine", warmup_steps=10)
+    decay = lambda s: 0.5 * (1 + math.cos(math.pi * s / 100))  # noqa: E731
+    assert [cos.lr_factor(s) for s in (0, 4, 9)] == pytest.approx([0.1 * decay(0), 0.5 * decay(4), decay(9)])
+    assert cos.lr_factor(50) == pytest.approx(0.5) and cos.lr_factor(100) == pytest.approx(0.0)
+    lin = base_config(tmp_path, data, vocab, max_steps=100, lr_schedule="linear")
+    assert [lin.lr_factor(s) for s in (0, 25, 100)] == [1.0, 0.75, 0.0]
+    assert base_config(tmp_path, data, vocab).lr_factor(5) == 1.0
+    # The optimizer really uses it: the logged lr of each step follows the curve.
+    cfg = base_config(tmp_path, data, vocab, max_steps=8, log_every=1, optimizer="adam", lr=0.01,
+                      lr_schedule="linear", warmup_steps=2)
+    train(cfg, log=lambda s: None)
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([0.01 * cfg.lr_factor(s) for s in range(8)])
+    with pytest.raises(ElmoError, match="give max_steps"):
+        base_config(tmp_path, data, vocab, max_steps=None, epochs=1, lr_schedule="cosine")
+    with pytest.raises(ElmoError, match="lr_schedule must be"):
+        base_config(tmp_path, data, vocab, lr_schedule="step")
 
 
 @pytest.mark.parametrize("batching", ["stream", "sentence"])

@@ -87,6 +87,8 @@ class TrainConfig:
     clip_norm: float = 10.0
     dropout: float = 0.1
     lr_decay: float = 1.0                  # multiply the lr by this when validation does not improve
+    lr_schedule: str = "constant"          # constant | linear | cosine (to 0 at max_steps)
+    warmup_steps: int = 0                  # linear warm-up from 0 over this many steps
     bf16: bool = False
     seed: int = 0
     grad_accum: int = 1
@@ -147,6 +149,22 @@ class TrainConfig:
             raise bad(f"state_reset must be in [0, 1], got {self.state_reset}")
         if not 0 < self.lr_decay <= 1:
             raise bad(f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise bad(f"lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
+        if self.lr_schedule != "constant" and self.max_steps is None:
+            raise bad(f"lr_schedule {self.lr_schedule} decays to 0 at max_steps: give max_steps")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise bad(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+
+    def lr_factor(self, step: int) -> float:
+        """The schedule's multiplier for the update after ``step`` finished steps (a pure function
+        of the step, so a resumed run follows the same curve)."""
+        f = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        if self.lr_schedule == "constant":
+            return f
+        frac = min(1.0, step / max(1, self.max_steps))
+        decay = 1.0 - frac if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+        return f * decay
 
     @property
     def learning_rate(self) -> float:
@@ -385,8 +403,9 @@ class Trainer:
         self.log(f"resumed from {self.out / CHECKPOINT_NAME} at step {self.step}")
 
     def _set_lr(self) -> None:
+        lr = self.cfg.learning_rate * self.lr_scale * self.cfg.lr_factor(self.step)
         for g in self.optimizer.param_groups:
-            g["lr"] = self.cfg.learning_rate * self.lr_scale
+            g["lr"] = lr
 
     # -- metrics ---------------------------------------------------------------------------------
     def _open_metrics(self):
@@ -471,6 +490,7 @@ class Trainer:
             raise ElmoError(f"training stopped: the {what} is {loss_value if what == 'loss' else float(grad_norm)} "
                             f"at step {self.step + 1}; {where}. Lower the learning rate (--lr) or resume "
                             "from the checkpoint with --resume")
+        self._set_lr()
         self.optimizer.step()
         return loss_value, n_global
 
@@ -649,6 +669,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S)
     g.add_argument("--lr", type=float, default=S, help="default 0.2 adagrad, 1e-3 adam, 1.0 sgd")
     g.add_argument("--lr-decay", type=float, default=S, help="lr factor when validation does not improve")
+    g.add_argument("--lr-schedule", choices=["constant", "linear", "cosine"], default=S,
+                   help="decay the lr to 0 at --max-steps (default constant)")
+    g.add_argument("--warmup-steps", type=int, default=S, help="linear lr warm-up (default 0)")
     g.add_argument("--weight-decay", type=float, default=S)
     g.add_argument("--clip-norm", type=float, default=S, help=f"default {d['clip_norm']}")
     g.add_argument("--grad-accum", type=int, default=S)
