@@ -34,3 +34,13 @@ def bilmtf_dir() -> Path:
 def fixture_model(allennlp_dir):
     from elmo import BiLM
     return BiLM.from_published(allennlp_dir / "options.json", allennlp_dir / "lm_weights.hdf5")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Modules of many small ops (tiny models, probes) run on one thread: a second one only adds
+    wake-up latency, and on a loaded machine makes them far slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

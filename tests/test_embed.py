@@ -29,13 +29,7 @@ from elmo.lstm import BiLstmLayer, lstm_layer_fast, lstm_reference
 TOL = dict(atol=1e-6, rtol=1e-6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny model, many small ops: a second thread only adds wake-up latency on a shared machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

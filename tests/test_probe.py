@@ -24,13 +24,7 @@ def wnut(name):
 EVAL = ("data", "wsd", "raganato-eval", "Evaluation_Datasets")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The probes are many small ops: one thread is as fast, and far faster on a loaded machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- readers -------------------------------------------------------------------------------------
