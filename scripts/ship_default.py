@@ -58,12 +58,12 @@ quality matters; use this one for trying the library, tests and pipelines.
 ## How it was trained
 
 ```
-EPOCHS=3 THREADS=1 scripts/train_default.sh
+MAX_STEPS=2400 THREADS=1 scripts/train_default.sh
 .venv/bin/python scripts/ship_default.py runs/default/best results/default_model.json
 ```
 
-Sentence batches from the zero state (the way the library runs the biLM), Adam lr 2e-3,
-dropout 0.3, global-norm clipping 10, full softmax over the vocabulary; see
+Sentence batches from the zero state (the way the library runs the biLM), Adam lr 2e-3 with
+100 warm-up steps and a cosine decay to 0, dropout 0.3, global-norm clipping 10, full softmax over the vocabulary; see
 `scripts/train_default.sh` and `docs/training.md`.
 
 Training record (from the run's `training.json`):
