@@ -2,6 +2,7 @@ import functools
 import hashlib
 import http.server
 import json
+import os
 import shutil
 import threading
 
@@ -50,6 +51,11 @@ def test_native_directory_contents(fixture_model, tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert ElmoConfig.from_options(cfg) == fixture_model.config
     assert (tmp_path / "model.safetensors").stat().st_size > 0
+    # Written atomically, yet with the permissions of a plain open(): shareable, not owner-only.
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
 
 
 # -- bad input --------------------------------------------------------------------------------------
