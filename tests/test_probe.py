@@ -292,3 +292,22 @@ def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
                "--test", str(bad), "--out", str(out), "--no-control", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and err[-1].startswith("elmo probe: error:") and "bad.conllu:1" in err[-1]
+
+
+def test_ner_tagger_is_not_stopped_before_min_epochs():
+    # Noise features and a dev set without entities: dev F1 stays 0 from epoch 1, yet the tagger must get min_epochs before
+    # early stopping (entities are rare; a real tagger predicts all O for its first epochs).
+    from elmo.probe.ner import TaggerConfig, TaggingData, train_tagger
+    rng = np.random.default_rng(0)
+    labels = ["O", "B-person", "I-person"]
+
+    def data(n_sent, n_tok, every):
+        y = np.zeros(n_sent * n_tok, dtype=np.int64)
+        if every:
+            y[::every] = 1
+        x = rng.normal(size=(1, len(y), 8)).astype(np.float32)
+        return TaggingData(x, np.arange(0, len(y) + 1, n_tok), y)
+
+    cfg = TaggerConfig(hidden=8, max_epochs=12, patience=2, min_epochs=7, n_boot=10)
+    _, info = train_tagger(data(40, 10, 25), data(20, 10, 0), labels, cfg, log=lambda m: None)
+    assert info["dev_f1"] == 0.0 and info["epochs"] == 7

@@ -141,6 +141,7 @@ class TaggerConfig:
     batch_size: int = 32
     max_epochs: int = 30
     patience: int = 5
+    min_epochs: int = 10                   # entities are rare: a tagger may predict all O at first
     mix_l2: float = 0.001
     seed: int = 0
     n_boot: int = 1000
@@ -243,7 +244,7 @@ def train_tagger(train: TaggingData, dev: TaggingData, labels: list[str], cfg: T
             best, best_f1, best_epoch, bad = copy.deepcopy(model.state_dict()), f1, epoch, 0
         else:
             bad += 1
-            if bad >= cfg.patience:
+            if bad >= cfg.patience and epoch >= cfg.min_epochs:
                 break
     model.load_state_dict(best)
     log(f"ner: {name} best dev F1 {best_f1:.4f} at epoch {best_epoch}")
