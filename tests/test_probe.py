@@ -10,7 +10,7 @@ from conftest import shared_path
 from elmo import ElmoError
 from elmo.probe.conll import bio_spans, read_conll, read_conllu
 from elmo.probe.features import extract, model_fingerprint, random_like
-from elmo.probe.stats import accuracy_from_counts, bootstrap_ci
+from elmo.probe.stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
 
 
 def ewt(split):
@@ -146,6 +146,26 @@ def test_bootstrap_interval_is_sane():
         bootstrap_ci(np.zeros((0, 2)), accuracy_from_counts)
 
 
+def test_paired_bootstrap_of_a_difference():
+    rng = np.random.default_rng(2)
+    a = (rng.random(4000) < 0.8).astype(float)
+    b = a.copy()
+    fixed = np.flatnonzero(a == 0)[:80]  # b gets 80 of a's errors right: +2 points, nothing else differs
+    b[fixed] = 1
+    ca, cb = (np.stack([x, np.ones_like(x)], 1) for x in (a, b))
+    d, lo, hi = paired_diff_ci(ca, cb, accuracy_from_counts, n_boot=2000)
+    assert d == pytest.approx(0.02)
+    se = np.std(b - a) / np.sqrt(len(a))  # the normal approximation of the paired difference
+    assert 0 < lo < d < hi and (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.15)
+    # Unpaired, the two separate intervals overlap: pairing is what resolves a small gap.
+    _, alo, ahi = bootstrap_ci(ca, accuracy_from_counts, n_boot=2000)
+    _, blo, bhi = bootstrap_ci(cb, accuracy_from_counts, n_boot=2000)
+    assert blo < ahi and (hi - lo) < 0.5 * (ahi - alo)
+    assert paired_diff_ci(ca, ca, accuracy_from_counts, n_boot=200) == (0.0, 0.0, 0.0)
+    with pytest.raises(ElmoError):
+        paired_diff_ci(ca, cb[:10], accuracy_from_counts)
+
+
 # -- features ------------------------------------------------------------------------------------
 
 def test_feature_cache_is_exact_and_reused(fixture_model, tmp_path):
@@ -198,6 +218,9 @@ def test_pos_probe_beats_majority(fixture_model, tmp_path):
     assert r["mix"]["acc"] > maj + 0.15
     assert sum(r["mix"]["weights"]) == pytest.approx(1) and r["mix"]["gamma"] > 0
     assert r["mix"]["weights"] != pytest.approx([1 / 3] * 3, abs=1e-3)  # s was learned
+    p = r["paired"]["E2-E1"]
+    assert p["diff"] == pytest.approx(r["layers"]["E2"]["acc"] - r["layers"]["E1"]["acc"])
+    assert p["ci"][0] <= p["diff"] <= p["ci"][1]
 
 
 def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
@@ -216,6 +239,10 @@ def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
         lr = r["layers"][name]
         assert lr["ci"][0] <= lr["f1"] <= lr["ci"][1] and lr["ci"][1] - lr["ci"][0] < 0.05
         assert lr["all_minus_dev"]["n"] == 7253 - 455 and lr["dev"]["n"] == 455
+    for part in ("all", "all_minus_dev"):
+        p = r["paired"][f"E2-E1 {part}"]
+        assert p["diff"] == pytest.approx(r["layers"]["E2"][part]["f1"] - r["layers"]["E1"][part]["f1"])
+        assert p["ci"][0] <= p["diff"] <= p["ci"][1]
     # Where the 1-NN has a choice (2+ candidate senses seen in SemCor), it beats choosing uniformly
     # among the same candidates (the majority-class analogue for a per-lemma decision).
     from elmo.probe.wsd import build_inventory, predict_1nn

@@ -20,7 +20,7 @@ import torch.nn as nn
 from ..errors import ElmoError
 from ..mix import ScalarMix
 from .features import Features
-from .stats import accuracy_from_counts, bootstrap_ci
+from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
 
 LAYER_NAMES = ["E0", "E1", "E2", "E3", "E4"]
 
@@ -171,8 +171,12 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
     res: dict = {"labels": labels, "n_train_tokens": int(len(y_tr)), "n_test_tokens": int(len(y_te)),
                  "n_test_sentences": int(len(test.offsets) - 1), "config": asdict(cfg), "layers": {}}
 
-    def score(pred: np.ndarray) -> dict:
+    unit_counts: dict[str, np.ndarray] = {}
+
+    def score(pred: np.ndarray, name: str | None = None) -> dict:
         counts = sentence_counts(pred == y_te, test.offsets)
+        if name is not None:
+            unit_counts[name] = counts
         acc, lo, hi = bootstrap_ci(counts, accuracy_from_counts, cfg.n_boot, seed=cfg.seed)
         return {"acc": acc, "ci": [lo, hi]}
 
@@ -184,10 +188,15 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
         model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr_fit, x_dev, y_dev, cfg)
-        r = {**score(predict(model, x_te)), **info}
+        r = {**score(predict(model, x_te), LAYER_NAMES[k]), **info}
         res["layers"][LAYER_NAMES[k]] = r
         log(f"pos: {LAYER_NAMES[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
             f"(dev {info['dev_acc']:.4f}, epoch {info['best_epoch']})")
+    if "E1" in unit_counts and "E2" in unit_counts:
+        d, lo, hi = paired_diff_ci(unit_counts["E1"], unit_counts["E2"], accuracy_from_counts, cfg.n_boot,
+                                   seed=cfg.seed)
+        res["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
+        log(f"pos: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
     if mix:
         torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()

@@ -51,6 +51,8 @@ def _summarize(trained: dict, control: dict | None, key: str, baseline: dict) ->
             out["gamma"] = trained["mix"]["gamma"]
         intervals["mix"] = trained["mix"]["ci"]
     out["intervals"] = intervals
+    if "paired" in trained:
+        out["paired"] = trained["paired"]  # E2 - E1 with a paired-bootstrap interval
     out["baseline"] = baseline
     if control is not None:
         c = {name: r[key] for name, r in control["layers"].items()}
@@ -58,6 +60,8 @@ def _summarize(trained: dict, control: dict | None, key: str, baseline: dict) ->
         if "mix" in control:
             c["mix"], c["mix_weights"], ci["mix"] = control["mix"][key], control["mix"]["weights"], control["mix"]["ci"]
         c["intervals"] = ci
+        if "paired" in control:
+            c["paired"] = control["paired"]
         out["control_random"] = c
     out["details"] = {"trained": trained, **({"control_random": control} if control is not None else {})}
     return out

@@ -34,7 +34,7 @@ import torch
 
 from ..errors import ElmoError
 from .features import Features
-from .stats import bootstrap_ci
+from .stats import bootstrap_ci, paired_diff_ci
 
 POS_LETTER = {"NOUN": "n", "VERB": "v", "ADJ": "a", "ADV": "r"}
 SS_TYPE = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}  # 5 = adjective satellite
@@ -431,13 +431,24 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
         f"{res['semcor_mfs']['f1']:.4f}")
 
     means = inv.vectors()
+    unit_counts: dict[str, np.ndarray] = {}
     for k in layers:
         preds, used = predict_1nn(inv, test, test_feats.layer(k), means[k], first_sense)
+        unit_counts[LAYER_NAMES[k]] = wsd_counts(test, preds)
         r = evaluate(preds)
         r["coverage_1nn"] = float(used.mean())
         res["layers"][LAYER_NAMES[k]] = r
         log(f"wsd: {LAYER_NAMES[k]} F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]"
             + (f", ALL-{res['dev']} {r['all_minus_dev']['f1']:.4f}" if "all_minus_dev" in r else ""))
+    if "E1" in unit_counts and "E2" in unit_counts:
+        res["paired"] = {}
+        for part, rows in (("all", None), ("all_minus_dev", rest_rows if len(dev_rows) else None)):
+            if part == "all_minus_dev" and rows is None:
+                continue
+            a, b = (unit_counts[n] if rows is None else unit_counts[n][rows] for n in ("E1", "E2"))
+            d, lo, hi = paired_diff_ci(a, b, f1_wsd, n_boot, seed=seed)
+            res["paired"][f"E2-E1 {part}"] = {"diff": d, "ci": [lo, hi]}
+            log(f"wsd: E2 - E1 F1 ({part}) = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over instances)")
     if mix:
         if not len(dev_rows):
             raise ElmoError(f"wsd: the mix needs dev instances (ids starting {dev_prefix!r}) in the test set")
