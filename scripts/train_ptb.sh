@@ -14,6 +14,13 @@ RUN=${RUN:-runs/ptb}
 RESULTS=${RESULTS:-results}
 THREADS=${THREADS:-1}
 MAX_STEPS=${MAX_STEPS:-40000}   # 32 x 20 tokens a step: ~28 epochs of PTB train; the lr follows a cosine to 0 at MAX_STEPS
+LR=${LR:-2e-3}
+WARMUP=${WARMUP:-200}
+SEED=${SEED:-0}
+# INIT_FROM=runs/ptb/best continues a finished run with a fresh cosine cycle (a warm restart);
+# the model, softmax included, is loaded and the optimizer starts anew.
+INIT=()
+[ -n "${INIT_FROM:-}" ] && INIT=(--init-from "$INIT_FROM")
 mkdir -p "$RUN" "$RESULTS"
 [ -f "$RUN/vocab.txt" ] || $PY -m elmo.cli vocab "$PTB/ptb.train.txt" -o "$RUN/vocab.txt"
 # <unk> is an ordinary token (its characters are the input, its own vocab entry the target), as in
@@ -21,7 +28,7 @@ mkdir -p "$RUN" "$RESULTS"
 $PY -m elmo.cli train --resume --out "$RUN" \
     --train "$PTB/ptb.train.txt" --valid "$PTB/ptb.valid.txt" --vocab "$RUN/vocab.txt" \
     --model cpu --softmax full --batching stream --batch-size 32 --unroll 20 --state-reset 0.1 \
-    --optimizer adam --lr 2e-3 --lr-schedule cosine --warmup-steps 200 --dropout "${DROPOUT:-0.5}" --clip-norm 10 \
+    --optimizer adam --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --clip-norm 10 \
     --max-steps "$MAX_STEPS" --eval-every 1000 --eval-mode stream --eval-batch-size 20 \
     --checkpoint-every 500 --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
     2>&1 | tee -a "$RUN/train.log"
