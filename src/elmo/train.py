@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -630,12 +631,18 @@ def _load_checkpoint(path: Path) -> dict:
 def train(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict:
     """Train (or resume) per ``cfg``; returns a summary. Call from every rank under torchrun."""
     trainer = Trainer(cfg, log)
+    distributed = trainer.env.active
     try:
         return trainer.run()
     finally:
-        if trainer.env.active and dist.is_initialized():
+        if distributed and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.barrier()  # rank 0 writes the model dirs last
+            # The DDP reducer holds the process group: free it now, not at interpreter shutdown,
+            # where gloo's threads can be torn down unjoined (a SIGABRT after a finished run,
+            # seen once in CI).
+            del trainer
+            gc.collect()
             dist.destroy_process_group()
 
 
