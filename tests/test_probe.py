@@ -310,6 +310,9 @@ def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
         assert {"E0", "E1", "E2", "mix"} <= set(res[task]["control_random"])
     report = (out / "report.md").read_text()
     assert "## POS" in report and "## WSD" in report and "97.3" in report and "69.0" in report
+    d = res["pos"]["paired"]["E2-E1"]
+    assert f"Paired bootstrap E2 - E1 (trained): {100 * d['diff']:+.2f}" in report
+    assert "(random-weights control)" in report
     for png in ("pos_layers.png", "wsd_layers.png", "mix_weights.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     # Bad input: one line naming the file, exit code 1.

@@ -205,6 +205,10 @@ def render(results: dict, out_dir: Path) -> Path:
                 + (f", mix {_fmt(s['mix_all_minus_dev'])}" if "mix_all_minus_dev" in s else "")
                 + (f"; grid-searched mix {[round(w, 2) for w in s['mix_grid_weights']]}: ALL "
                    f"{_fmt(s['mix_grid'])}" if "mix_grid" in s else "") + "."]
+        for who, d in (("trained", s), ("random-weights control", s.get("control_random", {}))):
+            for name, r in d.get("paired", {}).items():
+                lines += ["", f"Paired bootstrap {name.replace('E2-E1', 'E2 - E1')} ({who}): "
+                          f"{100 * r['diff']:+.2f} [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points."]
         lines += ["", f"![{task} per layer]({task}_layers.png)", ""]
         if task == "pos":
             ordered = s.get("E1", 0) > s.get("E2", 1)
