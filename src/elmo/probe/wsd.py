@@ -408,16 +408,20 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
                  "n_test_instances": len(test.instances), "n_dev_instances": int(len(dev_rows)),
                  "dev": dev_prefix.rstrip("."), "layers": {}}
 
-    def evaluate(preds) -> dict:
-        counts = wsd_counts(test, preds)
+    split = bool(len(dev_rows) and len(rest_rows))  # also score ALL minus the mix's dev set
+
+    def score_counts(counts: np.ndarray) -> dict:
         r = {"all": _score(counts, None, n_boot, seed)}
-        if len(dev_rows) and len(rest_rows):
+        if split:
             r["dev"] = _score(counts, dev_rows, n_boot, seed)
             r["all_minus_dev"] = _score(counts, rest_rows, n_boot, seed)
         r["per_dataset"] = {d: float(f1_wsd(counts[test.subset(lambda i, d=d: i.id.startswith(d + "."))].sum(0)))
                             for d in datasets}
         r["f1"], r["ci"] = r["all"]["f1"], r["all"]["ci"]
         return r
+
+    def evaluate(preds) -> dict:
+        return score_counts(wsd_counts(test, preds))
 
     # Baselines: WordNet first sense, and SemCor's most frequent sense (first sense when unseen).
     res["first_sense"] = evaluate([first_sense.get((i.lemma, i.pos)) for i in test.instances])
@@ -434,19 +438,17 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
     unit_counts: dict[str, np.ndarray] = {}
     for k in layers:
         preds, used = predict_1nn(inv, test, test_feats.layer(k), means[k], first_sense)
-        unit_counts[LAYER_NAMES[k]] = wsd_counts(test, preds)
-        r = evaluate(preds)
+        unit_counts[LAYER_NAMES[k]] = counts = wsd_counts(test, preds)
+        r = score_counts(counts)
         r["coverage_1nn"] = float(used.mean())
         res["layers"][LAYER_NAMES[k]] = r
         log(f"wsd: {LAYER_NAMES[k]} F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]"
             + (f", ALL-{res['dev']} {r['all_minus_dev']['f1']:.4f}" if "all_minus_dev" in r else ""))
     if "E1" in unit_counts and "E2" in unit_counts:
         res["paired"] = {}
-        for part, rows in (("all", None), ("all_minus_dev", rest_rows if len(dev_rows) else None)):
-            if part == "all_minus_dev" and rows is None:
-                continue
-            a, b = (unit_counts[n] if rows is None else unit_counts[n][rows] for n in ("E1", "E2"))
-            d, lo, hi = paired_diff_ci(a, b, f1_wsd, n_boot, seed=seed)
+        parts = {"all": slice(None), **({"all_minus_dev": rest_rows} if split else {})}
+        for part, rows in parts.items():
+            d, lo, hi = paired_diff_ci(unit_counts["E1"][rows], unit_counts["E2"][rows], f1_wsd, n_boot, seed=seed)
             res["paired"][f"E2-E1 {part}"] = {"diff": d, "ci": [lo, hi]}
             log(f"wsd: E2 - E1 F1 ({part}) = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over instances)")
     if mix:
