@@ -14,7 +14,7 @@ from . import __version__
 from .errors import ElmoError
 
 # Modules that contribute subcommands, in the order `elmo --help` lists them.
-SUBCOMMAND_MODULES = ["elmo.info", "elmo.train", "elmo.probe.cli", "elmo.embed"]
+SUBCOMMAND_MODULES = ["elmo.info", "elmo.train", "elmo.average", "elmo.probe.cli", "elmo.embed"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,7 +64,8 @@ TRAIN_PRESETS: dict[str, Callable[[], ElmoConfig]] = {
 
 # Fields that may be changed when resuming (they do not change what is computed, or extend it).
 RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
-                      "threads", "progress", "out_dir", "resume"}
+                      "threads", "progress", "out_dir", "resume", "keep_checkpoints"}
+KEPT_DIR = "checkpoints"
 
 
 @dataclass
@@ -100,6 +101,7 @@ class TrainConfig:
     eval_mode: str = "sentence"            # sentence (zero state) | stream (contiguous BPTT)
     eval_batch_size: int = 64
     checkpoint_every: int = 1000
+    keep_checkpoints: int = 0              # also keep the last N checkpoints in checkpoints/ (for elmo average)
     patience: int | None = None            # early stopping: evaluations without improvement
     init_from: str | None = None
     threads: int | None = None
@@ -138,6 +140,8 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise bad(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:
+            raise bad(f"keep_checkpoints must be a non-negative integer, got {self.keep_checkpoints!r}")
         if self.max_steps is not None and self.max_steps < 0:
             raise bad(f"max_steps must be >= 0, got {self.max_steps}")
         if self.max_steps is None and self.epochs is None:
@@ -377,6 +381,23 @@ class Trainer:
         with atomic_path(self.out / CHECKPOINT_NAME) as tmp:
             torch.save(ckpt, tmp)
         self.last_checkpoint_step = self.step
+        if self.cfg.keep_checkpoints:
+            self._keep_checkpoint()
+
+    def _keep_checkpoint(self) -> None:
+        """A hard link to the checkpoint just written (no copy: the next one replaces the name
+        checkpoint.pt, not the file), then the oldest kept ones beyond keep_checkpoints go."""
+        kept = self.out / KEPT_DIR
+        kept.mkdir(exist_ok=True)
+        name = kept / f"step-{self.step:08d}.pt"
+        name.unlink(missing_ok=True)  # a resumed run rewrites the steps after its checkpoint
+        try:
+            os.link(self.out / CHECKPOINT_NAME, name)
+        except OSError:  # a file system without hard links
+            with atomic_path(name) as tmp:
+                tmp.write_bytes((self.out / CHECKPOINT_NAME).read_bytes())
+        for old in sorted(kept.glob("step-*.pt"))[:-self.cfg.keep_checkpoints]:
+            old.unlink()
 
     def _restore(self, ckpt: dict) -> None:
         self.lm.load_state_dict(ckpt["model"])
@@ -692,6 +713,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-mode", choices=["sentence", "stream"], default=S)
     g.add_argument("--eval-batch-size", type=int, default=S)
     g.add_argument("--checkpoint-every", type=int, default=S)
+    g.add_argument("--keep-checkpoints", type=int, default=S, metavar="N",
+                   help="also keep the last N checkpoints in OUT/checkpoints/ (to average with elmo average)")
     g.add_argument("--patience", type=int, default=S, help="early stopping after N evaluations without improvement")
     g.add_argument("--threads", type=int, default=S)
     g.add_argument("--device", default=S, help="auto, cpu, cuda, cuda:1 ...")
