@@ -4,8 +4,8 @@
 #
 #   scripts/train_ptb.sh            # THREADS=2 to use both cores, MAX_STEPS=... to change the budget
 #
-# Writes runs/ptb/ (checkpoint, metrics.jsonl, train.log, best/, model/, published/) and
-# results/ptb.json (+ results/ptb_sentence.json: the same model scored sentence by sentence).
+# Writes runs/ptb/ (checkpoint, checkpoints/, metrics.jsonl, train.log, best/, model/, published/)
+# and results/ptb.json (+ results/ptb_sentence.json: the same model scored sentence by sentence).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -17,6 +17,7 @@ MAX_STEPS=${MAX_STEPS:-40000}   # 32 x 20 tokens a step: ~28 epochs of PTB train
 LR=${LR:-2e-3}
 WARMUP=${WARMUP:-200}
 SEED=${SEED:-0}
+KEEP=${KEEP:-12}                # keep the last KEEP checkpoints (every 500 steps) for scripts/average_ptb.sh
 # INIT_FROM=runs/ptb/best continues a finished run with a fresh cosine cycle (a warm restart);
 # the model, softmax included, is loaded and the optimizer starts anew.
 INIT=()
@@ -30,7 +31,7 @@ $PY -m elmo.cli train --resume --out "$RUN" \
     --model cpu --softmax full --batching stream --batch-size 32 --unroll 20 --state-reset 0.1 \
     --optimizer adam --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --clip-norm 10 \
     --max-steps "$MAX_STEPS" --eval-every 1000 --eval-mode stream --eval-batch-size 20 \
-    --checkpoint-every 500 --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
+    --checkpoint-every 500 --keep-checkpoints "$KEEP" --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
     2>&1 | tee -a "$RUN/train.log"
 # Test perplexity as word-level LM papers count it: per token over the whole test set as one
 # stream per row (state carried), every </S> (<eos>) prediction included: 82,430 tokens.
