@@ -17,7 +17,13 @@ MAX_STEPS=${MAX_STEPS:-40000}   # 32 x 20 tokens a step: ~28 epochs of PTB train
 LR=${LR:-2e-3}
 WARMUP=${WARMUP:-200}
 SEED=${SEED:-0}
-KEEP=${KEEP:-12}                # keep the last KEEP checkpoints (every 500 steps) for scripts/average_ptb.sh
+KEEP=${KEEP:-12}                # keep the last KEEP checkpoints for scripts/average_ptb.sh
+CKPT_EVERY=${CKPT_EVERY:-500}
+OPTIMIZER=${OPTIMIZER:-adam}    # sgd + SCHEDULE=constant + LR_DECAY=0.5: Kim et al.'s recipe
+SCHEDULE=${SCHEDULE:-cosine}
+LR_DECAY=${LR_DECAY:-1}         # lr factor after a validation (every EVAL_EVERY steps) without improvement
+EVAL_EVERY=${EVAL_EVERY:-1000}
+CLIP=${CLIP:-10}
 # INIT_FROM=runs/ptb/best continues a finished run with a fresh cosine cycle (a warm restart);
 # the model, softmax included, is loaded and the optimizer starts anew.
 INIT=()
@@ -29,9 +35,10 @@ mkdir -p "$RUN" "$RESULTS"
 $PY -m elmo.cli train --resume --out "$RUN" \
     --train "$PTB/ptb.train.txt" --valid "$PTB/ptb.valid.txt" --vocab "$RUN/vocab.txt" \
     --model cpu --softmax full --batching stream --batch-size 32 --unroll 20 --state-reset 0.1 \
-    --optimizer adam --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --clip-norm 10 \
-    --max-steps "$MAX_STEPS" --eval-every 1000 --eval-mode stream --eval-batch-size 20 \
-    --checkpoint-every 500 --keep-checkpoints "$KEEP" --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
+    --optimizer "$OPTIMIZER" --lr "$LR" --lr-schedule "$SCHEDULE" --lr-decay "$LR_DECAY" --warmup-steps "$WARMUP" \
+    --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --clip-norm "$CLIP" \
+    --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" --eval-mode stream --eval-batch-size 20 \
+    --checkpoint-every "$CKPT_EVERY" --keep-checkpoints "$KEEP" --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
     2>&1 | tee -a "$RUN/train.log"
 # Test perplexity as word-level LM papers count it: per token over the whole test set as one
 # stream per row (state carried), every </S> (<eos>) prediction included: 82,430 tokens.
