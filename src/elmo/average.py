@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-from .config import ElmoConfig
-from .data import Vocabulary
 from .errors import ElmoError
 from .lm import LanguageModel
 
@@ -29,22 +27,8 @@ def load_lm(source: str | Path) -> LanguageModel:
         return LanguageModel.from_pretrained(path)
     if not path.is_file():
         raise ElmoError(f"{path}: no such LM directory or checkpoint")
-    from .train import _load_checkpoint
-    ckpt = _load_checkpoint(path)
-    if not isinstance(ckpt, dict) or not {"model", "model_options", "config"} <= set(ckpt):
-        raise ElmoError(f"{path}: not an elmo training checkpoint")
-    cfg = ckpt["config"]
-    vocab_path = Path(cfg["vocab"])
-    if not vocab_path.is_file():
-        raise ElmoError(f"{path}: its vocabulary {vocab_path} (from the run's config) is missing")
-    lm = LanguageModel(ElmoConfig.from_options(ckpt["model_options"], str(path)), Vocabulary.from_file(vocab_path),
-                       softmax=cfg["softmax"], num_samples=cfg["num_samples"], cutoffs=ckpt.get("cutoffs"),
-                       dropout=cfg["dropout"])
-    try:
-        lm.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise ElmoError(f"{path}: parameters do not fit the checkpoint's own config ({e})") from None
-    return lm
+    from .train import _load_checkpoint, lm_from_checkpoint
+    return lm_from_checkpoint(_load_checkpoint(path), path)
 
 
 @torch.no_grad()

@@ -50,6 +50,14 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return x.gather(-2, idx)
 
 
+def sequence_dropout(x: torch.Tensor, p: float, variational: bool) -> torch.Tensor:
+    """Dropout of ``x (..., T, F)``; ``variational``: one mask per row and feature, shared by all T steps."""
+    if not variational:
+        return nn.functional.dropout(x, p, True)
+    mask = x.new_empty(*x.shape[:-2], 1, x.shape[-1]).bernoulli_(1.0 - p).div_(1.0 - p)
+    return x * mask
+
+
 class BiLM(nn.Module):
     def __init__(self, config: ElmoConfig, stateful: bool = False) -> None:
         super().__init__()
@@ -58,7 +66,12 @@ class BiLM(nn.Module):
         P, D = config.projection_dim, config.lstm_dim
         self.layers = nn.ModuleList(BiLstmLayer(P, D, P) for _ in range(config.n_layers))
         self.stateful = stateful
-        self.dropout = 0.0  # on each layer's input, in training mode (bilm-tf's placement)
+        # Regularisation, in training mode only (the LM trainer sets these): dropout on each layer's
+        # input (bilm-tf's placement), one mask per window over time if variational (Gal &
+        # Ghahramani 2016); weight drop on each recurrent matrix, one mask per window (AWD-LSTM).
+        self.dropout = 0.0
+        self.variational_dropout = False
+        self.weight_drop = 0.0
         self._state: State | None = None
 
     @property
@@ -130,10 +143,13 @@ class BiLM(nn.Module):
         outs, final = [], []
         for k, layer in enumerate(self.layers):
             if self.training and self.dropout > 0:
-                h_in = nn.functional.dropout(h_in, self.dropout, True)
+                h_in = sequence_dropout(h_in, self.dropout, self.variational_dropout)
+            w_h = None
+            if self.training and self.weight_drop > 0:
+                w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
             out, c, h = lstm_layer_fast(layer, h_in, sorted_lengths, c0[:, order], h0[:, order],
-                                        cfg.cell_clip, cfg.proj_clip)
+                                        cfg.cell_clip, cfg.proj_clip, w_h)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)

@@ -3,6 +3,8 @@
 Loss (bilm-tf): ``0.5 * (L_fwd + L_bwd)``, each the mean negative log-likelihood per target of
 its direction. Dropout as bilm-tf: on each LSTM layer's input (``BiLM.dropout``, the residual adds
 the dropped input back) and on the top LSTM output before the softmax; none in the char-CNN.
+Options beyond bilm-tf, for small corpora that overfit: variational dropout (the same mask at
+every step of a window) and weight drop (DropConnect on the recurrent matrices, AWD-LSTM).
 
 A trained LM is saved as a native model directory that :meth:`BiLM.from_pretrained` reads like
 any other (``config.json`` + ``model.safetensors``), with the softmax tensors (``softmax.*``)
@@ -22,14 +24,19 @@ from typing import Iterable, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .bilm import BiLM, State
+from .bilm import BiLM, State, sequence_dropout
 from .config import ElmoConfig
 from .data import Batch, Vocabulary, sentences_batch
 from .errors import ElmoError
-from .softmax import (AdaptiveSoftmax, FullSoftmax, make_softmax, softmax_config, softmax_from_config,
-                      softmax_kind)
+from .softmax import (
+    AdaptiveSoftmax,
+    FullSoftmax,
+    make_softmax,
+    softmax_config,
+    softmax_from_config,
+    softmax_kind,
+)
 
 VOCAB_NAME = "vocab.txt"
 LM_CONFIG_NAME = "training.json"  # written by elmo.weights.save_native(extra_config=...)
@@ -60,15 +67,21 @@ class SentenceScore:
 class LanguageModel(nn.Module):
     def __init__(self, config: ElmoConfig, vocab: Vocabulary, softmax: str = "auto",
                  num_samples: int = 8192, cutoffs: list[int] | None = None, dropout: float = 0.1,
-                 softmax_module: nn.Module | None = None) -> None:
+                 softmax_module: nn.Module | None = None, variational_dropout: bool = False,
+                 weight_drop: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ElmoError(f"dropout must be in [0, 1), got {dropout}")
+        for name, p in (("dropout", dropout), ("weight_drop", weight_drop)):
+            if not 0.0 <= p < 1.0:
+                raise ElmoError(f"{name} must be in [0, 1), got {p}")
         self.config = config
         self.vocab = vocab
         self.bilm = BiLM(config)
         self.bilm.dropout = dropout
+        self.bilm.variational_dropout = variational_dropout
+        self.bilm.weight_drop = weight_drop
         self.dropout = dropout
+        self.variational_dropout = variational_dropout
+        self.weight_drop = weight_drop
         self.softmax = softmax_module if softmax_module is not None else make_softmax(
             softmax, len(vocab), config.projection_dim, num_samples, cutoffs)
         if self.softmax.vocab_size != len(vocab):
@@ -101,7 +114,7 @@ class LanguageModel(nn.Module):
         outs, final = self.bilm.run_stacks(x, lengths, state)
         top = outs[-1]
         if self.training and self.dropout > 0:
-            top = F.dropout(top, self.dropout, True)
+            top = sequence_dropout(top, self.dropout, self.variational_dropout)
         mask = targets >= 0
         nll = self.softmax.nll(top[mask], targets[mask], generator)
         out = torch.zeros(targets.shape, dtype=nll.dtype, device=nll.device)
@@ -180,6 +193,7 @@ class LanguageModel(nn.Module):
     # -- saving and loading ----------------------------------------------------------------------
     def lm_config(self) -> dict:
         return {"format": LM_FORMAT, "softmax": softmax_config(self.softmax), "dropout": self.dropout,
+                "variational_dropout": self.variational_dropout, "weight_drop": self.weight_drop,
                 "vocab_file": VOCAB_NAME, "vocab_size": len(self.vocab)}
 
     def save_pretrained(self, out_dir: str | Path, extra: dict | None = None) -> Path:
@@ -212,7 +226,8 @@ class LanguageModel(nn.Module):
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
         sm = softmax_from_config(meta["softmax"])
         lm = cls(config, vocab, dropout=meta.get("dropout", 0.1) if dropout is None else dropout,
-                 softmax_module=sm)
+                 softmax_module=sm, variational_dropout=bool(meta.get("variational_dropout", False)),
+                 weight_drop=float(meta.get("weight_drop", 0.0)))
         extra = load_native(lm.bilm, model_dir)
         sm_state = {k[len("softmax."):]: v for k, v in extra.items() if k.startswith("softmax.")}
         missing = set(lm.softmax.state_dict()) - set(sm_state)
@@ -226,7 +241,8 @@ class LanguageModel(nn.Module):
 
     @classmethod
     def init_from(cls, source: str | Path, vocab: Vocabulary, softmax: str | None = None,
-                  num_samples: int = 8192, dropout: float = 0.1, log=print) -> "LanguageModel":
+                  num_samples: int = 8192, dropout: float = 0.1, log=print,
+                  **regularisation) -> "LanguageModel":
         """A new LM over ``vocab`` starting from a trained model.
 
         ``source`` is an LM directory (biLM + softmax) or any biLM ``BiLM.from_pretrained`` reads
@@ -249,7 +265,8 @@ class LanguageModel(nn.Module):
         cutoffs = None
         if old is not None and isinstance(old.softmax, AdaptiveSoftmax) and kind == "adaptive":
             cutoffs = old.softmax.cutoffs
-        lm = cls(bilm.config, vocab, softmax=kind, num_samples=num_samples, cutoffs=cutoffs, dropout=dropout)
+        lm = cls(bilm.config, vocab, softmax=kind, num_samples=num_samples, cutoffs=cutoffs, dropout=dropout,
+                 **regularisation)
         lm.bilm.load_state_dict(bilm.state_dict())
         if old is None:
             log(f"init-from {source}: biLM weights loaded; it has no softmax, a new one is initialised")

@@ -61,6 +61,7 @@ def lstm_layer_fast(
     h0: torch.Tensor,
     cell_clip: float | None,
     proj_clip: float | None,
+    w_h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run one layer, both directions.
 
@@ -69,18 +70,21 @@ def lstm_layer_fast(
     x : ``(2, B, T, in)`` inputs, direction-stacked, rows sorted by length, descending.
     lengths : B ints, non-increasing.
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
+    w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
+        dropped copy serves every step of the window).
 
     Returns
     -------
     out ``(2, B, T, P)`` (zeros past each row's length), and the final ``(c, h)``: each row's
     state after its last position (its initial state if its length is 0).
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, *layer.parameters())):
-        return _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip)
-    return _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip)
+    w_h = layer.w_h if w_h is None else w_h
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
+        return _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+    return _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
 
 
-def _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip):
+def _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     """:func:`lstm_layer_fast` where gradients are needed: out-of-place, autograd-friendly."""
     _, B, T, _ = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
@@ -91,7 +95,7 @@ def _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip):
     xs = xw.unbind(2)
     steps: list[torch.Tensor] = []
     c, h = c0, h0
-    w_h, w_p = layer.w_h, layer.w_p
+    w_p = layer.w_p
     n = B
     for t in range(T):
         while n > 0 and lengths[n - 1] <= t:
@@ -127,7 +131,7 @@ FUSED_MAX_K = 512
 INPUT_CHUNK_BYTES = 64 * 2**20
 
 
-def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip):
+def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     """:func:`lstm_layer_fast` without autograd: the same arithmetic, in place, time-major.
 
     Each step works on contiguous ``(2, n, .)`` blocks of the n rows still running (the batch is
@@ -161,7 +165,7 @@ def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip):
     if In + P <= FUSED_MAX_K:
         # xh[:, t] = [x_t ; h_{t-1} ; 1]; step t writes h_t into xh[:, t + 1].
         K = In + P + 1
-        w = torch.cat([layer.w_x, layer.w_h, bias.unsqueeze(1)], dim=1)   # (2, K, 4D)
+        w = torch.cat([layer.w_x, w_h, bias.unsqueeze(1)], dim=1)   # (2, K, 4D)
         xh = x.new_zeros(2, T + 1, B, K)
         xh[:, :T, :, :In] = x.transpose(1, 2)
         xh[:, 0, :, In:In + P] = h0
@@ -202,7 +206,7 @@ def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip):
                 if n == 0:
                     break
                 z = xw[:, t - t0, :n]
-                z.baddbmm_(h[:, :n], layer.w_h)
+                z.baddbmm_(h[:, :n], w_h)
                 h = out[:, t, :n]
                 torch.bmm(cell(z, n), layer.w_p, out=h)
                 if proj_clip is not None:

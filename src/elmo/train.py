@@ -88,6 +88,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 10.0
     dropout: float = 0.1
+    variational_dropout: bool = False      # one dropout mask per window over time (Gal & Ghahramani)
+    weight_drop: float = 0.0               # DropConnect on the LSTM recurrent matrices (AWD-LSTM)
     lr_decay: float = 1.0                  # multiply the lr by this when validation does not improve
     lr_schedule: str = "constant"          # constant | linear | cosine (to 0 at max_steps)
     warmup_steps: int = 0                  # linear warm-up from 0 over this many steps
@@ -148,6 +150,8 @@ class TrainConfig:
             raise bad("give max_steps or epochs (or both)")
         if not 0.0 <= self.dropout < 1.0:
             raise bad(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.weight_drop < 1.0:
+            raise bad(f"weight_drop must be in [0, 1), got {self.weight_drop}")
         if self.lr is not None and not self.lr > 0:
             raise bad(f"lr must be positive, got {self.lr}")
         if not 0.0 <= self.state_reset <= 1.0:
@@ -174,6 +178,11 @@ class TrainConfig:
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else {"adagrad": 0.2, "adam": 1e-3, "sgd": 1.0}[self.optimizer]
+
+    def regularisation(self) -> dict[str, Any]:
+        """The LanguageModel keyword arguments for dropout and weight drop."""
+        return {"dropout": self.dropout, "variational_dropout": self.variational_dropout,
+                "weight_drop": self.weight_drop}
 
     def model_config(self) -> ElmoConfig:
         if self.model in TRAIN_PRESETS:
@@ -268,16 +277,14 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
         if self.resumed is not None:
-            model_cfg = ElmoConfig.from_options(self.resumed["model_options"], str(ckpt_path))
-            self.lm = LanguageModel(model_cfg, self.vocab, softmax=cfg.softmax, num_samples=cfg.num_samples,
-                                    cutoffs=self.resumed.get("cutoffs"), dropout=cfg.dropout)
+            self.lm = lm_from_checkpoint(self.resumed, ckpt_path, self.vocab, load_weights=False)
         elif cfg.init_from:
             self.lm = LanguageModel.init_from(cfg.init_from, self.vocab, softmax=None if cfg.softmax == "auto"
                                               else cfg.softmax, num_samples=cfg.num_samples,
-                                              dropout=cfg.dropout, log=self.log)
+                                              log=self.log, **cfg.regularisation())
         else:
             self.lm = LanguageModel(cfg.model_config(), self.vocab, softmax=cfg.softmax,
-                                    num_samples=cfg.num_samples, dropout=cfg.dropout)
+                                    num_samples=cfg.num_samples, **cfg.regularisation())
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
         self.optimizer = self._make_optimizer()
@@ -642,6 +649,27 @@ class Trainer:
         return self.cfg.patience is not None and self.bad_evals >= self.cfg.patience
 
 
+def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,
+                       load_weights: bool = True) -> LanguageModel:
+    """The LM of a training checkpoint (as :func:`_load_checkpoint` returns it), built as its run
+    built it; ``vocab`` defaults to the run's vocabulary file."""
+    if not isinstance(ckpt, dict) or not {"model", "model_options", "config"} <= set(ckpt):
+        raise ElmoError(f"{path}: not an elmo training checkpoint")
+    cfg = TrainConfig.from_dict(ckpt["config"], str(path))
+    if vocab is None:
+        if not Path(cfg.vocab or "").is_file():
+            raise ElmoError(f"{path}: its vocabulary {cfg.vocab} (from the run's config) is missing")
+        vocab = Vocabulary.from_file(cfg.vocab)
+    lm = LanguageModel(ElmoConfig.from_options(ckpt["model_options"], str(path)), vocab, softmax=cfg.softmax,
+                       num_samples=cfg.num_samples, cutoffs=ckpt.get("cutoffs"), **cfg.regularisation())
+    if load_weights:
+        try:
+            lm.load_state_dict(ckpt["model"])
+        except RuntimeError as e:
+            raise ElmoError(f"{path}: parameters do not fit the checkpoint's own config ({e})") from None
+    return lm
+
+
 def _load_checkpoint(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -692,6 +720,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--softmax", choices=["auto", "full", "sampled", "adaptive"], default=S)
     g.add_argument("--num-samples", type=int, default=S, help=f"sampled softmax negatives (default {d['num_samples']})")
     g.add_argument("--dropout", type=float, default=S, help=f"default {d['dropout']}")
+    g.add_argument("--variational-dropout", action="store_true", default=S,
+                   help="one dropout mask per window, shared over time (default: a mask per step)")
+    g.add_argument("--weight-drop", type=float, default=S,
+                   help="DropConnect on the LSTM recurrent matrices, as AWD-LSTM (default 0)")
     g.add_argument("--init-from", default=S, help="start from this model (LM dir, native or published biLM)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S)
