@@ -24,6 +24,9 @@ SCHEDULE=${SCHEDULE:-cosine}
 LR_DECAY=${LR_DECAY:-1}         # lr factor after a validation (every EVAL_EVERY steps) without improvement
 EVAL_EVERY=${EVAL_EVERY:-1000}
 CLIP=${CLIP:-10}
+WEIGHT_DROP=${WEIGHT_DROP:-0}   # DropConnect on the recurrent matrices (AWD-LSTM)
+REG=()
+[ "${VARIATIONAL:-0}" = 1 ] && REG=(--variational-dropout)   # one dropout mask per window
 # INIT_FROM=runs/ptb/best continues a finished run with a fresh cosine cycle (a warm restart);
 # the model, softmax included, is loaded and the optimizer starts anew.
 INIT=()
@@ -36,7 +39,7 @@ $PY -m elmo.cli train --resume --out "$RUN" \
     --train "$PTB/ptb.train.txt" --valid "$PTB/ptb.valid.txt" --vocab "$RUN/vocab.txt" \
     --model cpu --softmax full --batching stream --batch-size 32 --unroll 20 --state-reset 0.1 \
     --optimizer "$OPTIMIZER" --lr "$LR" --lr-schedule "$SCHEDULE" --lr-decay "$LR_DECAY" --warmup-steps "$WARMUP" \
-    --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --clip-norm "$CLIP" \
+    --seed "$SEED" "${INIT[@]}" --dropout "${DROPOUT:-0.5}" --weight-drop "$WEIGHT_DROP" "${REG[@]}" --clip-norm "$CLIP" \
     --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" --eval-mode stream --eval-batch-size 20 \
     --checkpoint-every "$CKPT_EVERY" --keep-checkpoints "$KEEP" --patience 6 --log-every 100 --threads "$THREADS" --no-progress \
     2>&1 | tee -a "$RUN/train.log"
