@@ -79,13 +79,23 @@ class LanguageModel(nn.Module):
         self.bilm.dropout = dropout
         self.bilm.variational_dropout = variational_dropout
         self.bilm.weight_drop = weight_drop
-        self.dropout = dropout
-        self.variational_dropout = variational_dropout
-        self.weight_drop = weight_drop
         self.softmax = softmax_module if softmax_module is not None else make_softmax(
             softmax, len(vocab), config.projection_dim, num_samples, cutoffs)
         if self.softmax.vocab_size != len(vocab):
             raise ElmoError(f"softmax has {self.softmax.vocab_size} rows but the vocabulary {len(vocab)} tokens")
+
+    # The regularisation lives on the biLM (which applies it inside the stacks); one source of truth.
+    @property
+    def dropout(self) -> float:
+        return self.bilm.dropout
+
+    @property
+    def variational_dropout(self) -> bool:
+        return self.bilm.variational_dropout
+
+    @property
+    def weight_drop(self) -> float:
+        return self.bilm.weight_drop
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
