@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from elmo.average import average
+from elmo.average import average, load_lm
 from elmo.data import Corpus, SentenceBatcher, StreamBatcher
 from elmo.lm import LanguageModel
 
@@ -50,7 +50,7 @@ def main() -> int:
         if cache.is_file() and json.loads(cache.read_text())["model"] == m:
             r = json.loads(cache.read_text())
         else:
-            r = {"model": m, **stream_ppl(average([m]), valid)}
+            r = {"model": m, **stream_ppl(load_lm(m), valid)}
             cache.write_text(json.dumps(r, indent=2))
         scores[m] = r
         print(f"{m}: valid forward {r['ppl_forward']:.2f} backward {r['ppl_backward']:.2f}", file=sys.stderr)
@@ -70,8 +70,7 @@ def main() -> int:
     soup = average(members)
     soup.save_pretrained(out / "soup", extra={"average": {"sources": members, "n": len(members),
                                                           "selection": "greedy soup on PTB validation"}})
-    test = soup.evaluate(StreamBatcher(Corpus([ptb / "ptb.test.txt"], shuffle=False), soup.vocab, 20, 20,
-                                       contiguous=True), stateful=True)
+    test = stream_ppl(soup, ptb / "ptb.test.txt")
     summary = {"members": members, "valid": best, "test": test, "steps": steps, "candidates": scores}
     (out / "soup.json").write_text(json.dumps(summary, indent=2))
     print(f"soup of {len(members)}: valid forward {best['ppl_forward']:.2f}; test forward {test['ppl_forward']:.2f} "
