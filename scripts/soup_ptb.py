@@ -37,8 +37,12 @@ def main() -> int:
     ap.add_argument("--ptb", default="../shared/data/lm/ptb")
     ap.add_argument("--out", required=True)
     ap.add_argument("--results", help="write ptb.json + ptb_sentence.json here")
+    ap.add_argument("--alphas", type=float, nargs="+", default=[],
+                    help="weights of the best member to try on validation after the greedy soup")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if any(not 0 < a < 1 for a in args.alphas):
+        ap.error(f"--alphas must lie in (0, 1), got {args.alphas}")
     torch.set_num_threads(args.threads)
     out, ptb = Path(args.out), Path(args.ptb)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,11 +71,22 @@ def main() -> int:
               f"({'kept' if kept else 'dropped'})", file=sys.stderr)
         if kept:
             members, best = members + [m], r
-    soup = average(members)
-    soup.save_pretrained(out / "soup", extra={"average": {"sources": members, "n": len(members),
+    weights = [1.0 / len(members)] * len(members)
+    for a in (args.alphas if len(members) > 1 else []):
+        w = [a] + [(1 - a) / (len(members) - 1)] * (len(members) - 1)
+        r = stream_ppl(average(members, w), valid)
+        kept = r["ppl_forward"] < best["ppl_forward"]
+        steps.append({"members": list(members), "weights": w, "ppl_forward": r["ppl_forward"],
+                      "ppl_backward": r["ppl_backward"], "kept": kept})
+        print(f"alpha {a:.2f} on {members[0]}: valid forward {r['ppl_forward']:.2f} backward "
+              f"{r['ppl_backward']:.2f} ({'kept' if kept else 'dropped'})", file=sys.stderr)
+        if kept:
+            weights, best = w, r
+    soup = average(members, weights)
+    soup.save_pretrained(out / "soup", extra={"average": {"sources": members, "n": len(members), "weights": weights,
                                                           "selection": "greedy soup on PTB validation"}})
     test = stream_ppl(soup, ptb / "ptb.test.txt")
-    summary = {"members": members, "valid": best, "test": test, "steps": steps, "candidates": scores}
+    summary = {"members": members, "weights": weights, "valid": best, "test": test, "steps": steps, "candidates": scores}
     (out / "soup.json").write_text(json.dumps(summary, indent=2))
     print(f"soup of {len(members)}: valid forward {best['ppl_forward']:.2f}; test forward {test['ppl_forward']:.2f} "
           f"backward {test['ppl_backward']:.2f}", file=sys.stderr)
@@ -85,8 +100,8 @@ def main() -> int:
             "params": soup.num_parameters(), "test_ppl_forward": test["ppl_forward"],
             "test_ppl_backward": test["ppl_backward"], "test_ppl_mean": test["ppl_mean"],
             "test_tokens": test["tokens"], "eval": "stream, 20 rows, state carried",
-            "model_dir": str(out / "soup"), "model": f"greedy soup (uniform mean) of {len(members)} LMs",
-            "averaged": members,
+            "model_dir": str(out / "soup"), "model": f"greedy soup ({'uniform' if len(set(weights)) == 1 else 'weighted'} mean) of {len(members)} LMs",
+            "averaged": members, "weights": weights,
             "valid": {"valid_ppl_forward": best["ppl_forward"], "valid_ppl_backward": best["ppl_backward"],
                       "valid_ppl_mean": best["ppl_mean"], "valid_tokens": best["tokens"]},
             "selection": f"{out}/soup.json (members chosen greedily by validation forward perplexity)"}, indent=2))

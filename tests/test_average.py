@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import shared_path
@@ -80,6 +82,31 @@ def test_average_rejects_mismatched_models(run, tmp_path, capsys):
     assert main(["average", str(tmp_path / "junk.pt"), "-o", str(tmp_path / "x")]) == 1
     assert "cannot read checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_weighted_average_interpolates(run, tmp_path, capsys):
+    a, b = (run / "checkpoints" / f"step-0000000{s}.pt" for s in (6, 7))
+    # weights are normalised: 1 and 3 mean 0.25 a + 0.75 b
+    assert main(["average", str(a), str(b), "--weights", "1", "3", "-o", str(tmp_path / "w")]) == 0
+    got = LanguageModel.from_pretrained(tmp_path / "w")
+    sa = torch.load(a, weights_only=False)["model"]
+    sb = torch.load(b, weights_only=False)["model"]
+    for k, v in got.state_dict().items():
+        want = 0.25 * sa[k].double() + 0.75 * sb[k].double()
+        torch.testing.assert_close(v, want.to(v.dtype), rtol=1e-6, atol=1e-7)
+    meta = json.loads((tmp_path / "w" / "training.json").read_text())["average"]
+    assert meta["weights"] == [0.25, 0.75] and meta["n"] == 2
+    # the end points are the models themselves
+    for w, src in (([1, 0], sa), ([0, 2], sb)):
+        end = average([a, b], w)
+        for k, v in end.state_dict().items():
+            torch.testing.assert_close(v, src[k], rtol=1e-6, atol=1e-7)
+    capsys.readouterr()
+    for bad in (["1"], ["1", "-1"], ["0", "0"], ["nan", "1"]):
+        assert main(["average", str(a), str(b), "--weights", *bad, "-o", str(tmp_path / "bad")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("elmo average: error: average: ") and "weight" in err and "\n" not in err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_keep_checkpoints_must_be_non_negative(tmp_path):

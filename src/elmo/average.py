@@ -10,6 +10,7 @@ the same configuration and vocabulary); the result is an ordinary LM directory.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,17 +32,30 @@ def load_lm(source: str | Path) -> LanguageModel:
     return lm_from_checkpoint(_load_checkpoint(path), path)
 
 
+def _normalised(weights: Sequence[float] | None, n: int) -> list[float]:
+    if weights is None:
+        return [1.0 / n] * n
+    w = [float(x) for x in weights]
+    if len(w) != n:
+        raise ElmoError(f"average: {len(w)} weight(s) for {n} model(s)")
+    if any(not math.isfinite(x) or x < 0 for x in w) or sum(w) <= 0:
+        raise ElmoError(f"average: weights must be finite, non-negative and not all zero, got {w}")
+    return [x / sum(w) for x in w]
+
+
 @torch.no_grad()
-def average(sources: Sequence[str | Path]) -> LanguageModel:
+def average(sources: Sequence[str | Path], weights: Sequence[float] | None = None) -> LanguageModel:
     """The element-wise mean of the parameters of ``sources`` (LM dirs or checkpoints), as an LM
-    shaped like the first one. Accumulates in float64, so the order of the inputs does not matter
-    beyond rounding of the final cast."""
+    shaped like the first one. ``weights`` (normalised to sum 1) makes it a weighted mean, e.g. an
+    interpolation between a model and the one it was fine-tuned from. Accumulates in float64, so the
+    order of the inputs does not matter beyond rounding of the final cast."""
     if not sources:
         raise ElmoError("average: no models given")
+    w = _normalised(weights, len(sources))
     first = load_lm(sources[0])
     ref = first.state_dict()
-    acc = {k: v.double().clone() for k, v in ref.items() if v.is_floating_point()}
-    for src in sources[1:]:
+    acc = {k: v.double() * w[0] for k, v in ref.items() if v.is_floating_point()}
+    for src, wi in zip(sources[1:], w[1:]):
         other = load_lm(src)
         if other.vocab.tokens != first.vocab.tokens:
             raise ElmoError(f"{src}: another vocabulary than {sources[0]}; only snapshots of one model can be averaged")
@@ -53,19 +67,22 @@ def average(sources: Sequence[str | Path]) -> LanguageModel:
             if v.shape != ref[k].shape:
                 raise ElmoError(f"{src}: {k} has shape {tuple(v.shape)}, {sources[0]} has {tuple(ref[k].shape)}")
             if k in acc:
-                acc[k] += v.double()
+                acc[k] += v.double() * wi
             elif not torch.equal(v, ref[k]):  # integer buffers (none today) must agree
                 raise ElmoError(f"{src}: non-float tensor {k} differs from {sources[0]}")
-    n = len(sources)
-    first.load_state_dict({k: (acc[k] / n).to(v.dtype) if k in acc else v for k, v in ref.items()})
+    first.load_state_dict({k: acc[k].to(v.dtype) if k in acc else v for k, v in ref.items()})
     return first
 
 
 def _run_average(args) -> int:
     sources = list(args.models)
-    lm = average(sources)
-    lm.save_pretrained(args.output, extra={"average": {"sources": [str(s) for s in sources], "n": len(sources)}})
-    print(f"{args.output}: the mean of {len(sources)} model(s)", file=sys.stderr)
+    lm = average(sources, args.weights)
+    info = {"sources": [str(s) for s in sources], "n": len(sources)}
+    if args.weights is not None:
+        info["weights"] = _normalised(args.weights, len(sources))
+    lm.save_pretrained(args.output, extra={"average": info})
+    kind = "weighted mean" if args.weights is not None else "mean"
+    print(f"{args.output}: the {kind} of {len(sources)} model(s)", file=sys.stderr)
     return 0
 
 
@@ -73,4 +90,6 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser("average", help="average the parameters of snapshots of one LM (checkpoint averaging)")
     p.add_argument("models", nargs="+", help="LM directories or checkpoint files (e.g. RUN/checkpoints/*.pt)")
     p.add_argument("-o", "--output", required=True, help="LM directory to write")
+    p.add_argument("--weights", type=float, nargs="+", metavar="W",
+                   help="one weight per model (normalised to sum 1); default: the plain mean")
     p.set_defaults(func=_run_average)
