@@ -26,8 +26,10 @@ from elmo.data import Corpus, SentenceBatcher, StreamBatcher
 from elmo.lm import LanguageModel
 
 
-def stream_ppl(lm: LanguageModel, path: Path) -> dict:
-    return lm.evaluate(StreamBatcher(Corpus([path], shuffle=False), lm.vocab, 20, 20, contiguous=True),
+def stream_ppl(lm: LanguageModel, path: Path, rows: int = 20) -> dict:
+    """Perplexity of ``path`` read as ``rows`` contiguous streams, state carried across 20-step windows.
+    rows=1 is Kim et al. (2016)'s test protocol: the whole test set as one sequence."""
+    return lm.evaluate(StreamBatcher(Corpus([path], shuffle=False), lm.vocab, rows, 20, contiguous=True),
                        stateful=True)
 
 
