@@ -9,7 +9,8 @@ members so far and it is better on *validation*; the test set is scored once, on
         --out runs/soup --results results
 
 Writes OUT/valid_<i>.json (each candidate), OUT/soup/ (the LM dir), OUT/soup.json (the steps) and,
-with --results, RESULTS/ptb.json + RESULTS/ptb_sentence.json.
+with --results, RESULTS/ptb.json (20-stream and one-stream test, --lineage fields, target met or not)
++ RESULTS/ptb_sentence.json.
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ def main() -> int:
     ap.add_argument("--results", help="write ptb.json + ptb_sentence.json here")
     ap.add_argument("--alphas", type=float, nargs="+", default=[],
                     help="weights of the best member to try on validation after the greedy soup")
+    ap.add_argument("--lineage", help="JSON file of fields to merge into ptb.json (how the members were trained)")
+    ap.add_argument("--target", type=float, default=92.3, help="forward test perplexity to meet (Kim et al. 2016)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if any(not 0 < a < 1 for a in args.alphas):
         ap.error(f"--alphas must lie in (0, 1), got {args.alphas}")
+    try:  # read before the first (minutes-long) evaluation, so a bad file fails at once
+        lineage = json.loads(Path(args.lineage).read_text()) if args.lineage else {}
+    except (OSError, ValueError) as e:
+        ap.error(f"--lineage {args.lineage}: {e}")
     torch.set_num_threads(args.threads)
     out, ptb = Path(args.out), Path(args.ptb)
     out.mkdir(parents=True, exist_ok=True)
@@ -61,29 +68,29 @@ def main() -> int:
         scores[m] = r
         print(f"{m}: valid forward {r['ppl_forward']:.2f} backward {r['ppl_backward']:.2f}", file=sys.stderr)
     ranked = sorted(args.models, key=lambda m: scores[m]["ppl_forward"])
-    members, best = [ranked[0]], scores[ranked[0]]
+    members, weights, best = [ranked[0]], [1.0], scores[ranked[0]]
     steps = [{"members": list(members), "ppl_forward": best["ppl_forward"], "ppl_backward": best["ppl_backward"],
               "kept": True}]
-    for m in ranked[1:]:
-        r = stream_ppl(average(members + [m]), valid)
+
+    def trial(cand: list[str], w: list[float] | None, label: str) -> bool:
+        """Score the (weighted) mean of ``cand`` on validation; record it; keep it if it beats the best so far."""
+        nonlocal members, weights, best
+        w = w or [1.0 / len(cand)] * len(cand)
+        r = stream_ppl(average(cand, w), valid)
         kept = r["ppl_forward"] < best["ppl_forward"]
-        steps.append({"members": members + [m], "ppl_forward": r["ppl_forward"], "ppl_backward": r["ppl_backward"],
-                      "kept": kept})
-        print(f"+ {m}: valid forward {r['ppl_forward']:.2f} backward {r['ppl_backward']:.2f} "
+        steps.append({"members": list(cand), "weights": w, "ppl_forward": r["ppl_forward"],
+                      "ppl_backward": r["ppl_backward"], "kept": kept})
+        print(f"{label}: valid forward {r['ppl_forward']:.2f} backward {r['ppl_backward']:.2f} "
               f"({'kept' if kept else 'dropped'})", file=sys.stderr)
         if kept:
-            members, best = members + [m], r
-    weights = [1.0 / len(members)] * len(members)
+            members, weights, best = list(cand), w, r
+        return kept
+
+    for m in ranked[1:]:
+        trial(members + [m], None, f"+ {m}")
     for a in (args.alphas if len(members) > 1 else []):
-        w = [a] + [(1 - a) / (len(members) - 1)] * (len(members) - 1)
-        r = stream_ppl(average(members, w), valid)
-        kept = r["ppl_forward"] < best["ppl_forward"]
-        steps.append({"members": list(members), "weights": w, "ppl_forward": r["ppl_forward"],
-                      "ppl_backward": r["ppl_backward"], "kept": kept})
-        print(f"alpha {a:.2f} on {members[0]}: valid forward {r['ppl_forward']:.2f} backward "
-              f"{r['ppl_backward']:.2f} ({'kept' if kept else 'dropped'})", file=sys.stderr)
-        if kept:
-            weights, best = w, r
+        n = len(members)
+        trial(members, [a] + [(1 - a) / (n - 1)] * (n - 1), f"alpha {a:.2f} on {members[0]}")
     soup = average(members, weights)
     soup.save_pretrained(out / "soup", extra={"average": {"sources": members, "n": len(members), "weights": weights,
                                                           "selection": "greedy soup on PTB validation"}})
@@ -94,6 +101,7 @@ def main() -> int:
           f"backward {test['ppl_backward']:.2f}", file=sys.stderr)
     if args.results:
         res = Path(args.results)
+        one = stream_ppl(soup, ptb / "ptb.test.txt", rows=1)
         sent = soup.evaluate(SentenceBatcher(Corpus([ptb / "ptb.test.txt"], shuffle=False), soup.vocab,
                                              batch_size=64, epochs=1, shuffle=False))
         (res / "ptb_sentence.json").write_text(json.dumps({"model": str(out / "soup"), "mode": "sentence",
@@ -106,7 +114,11 @@ def main() -> int:
             "averaged": members, "weights": weights,
             "valid": {"valid_ppl_forward": best["ppl_forward"], "valid_ppl_backward": best["ppl_backward"],
                       "valid_ppl_mean": best["ppl_mean"], "valid_tokens": best["tokens"]},
-            "selection": f"{out}/soup.json (members chosen greedily by validation forward perplexity)"}, indent=2))
+            "selection": f"{out}/soup.json (members chosen greedily by validation forward perplexity)",
+            "members_valid_ppl_forward": {m: round(scores[m]["ppl_forward"], 2) for m in members},
+            "test_one_stream": {**{k: one[k] for k in ("ppl_forward", "ppl_backward")},
+                                "eval": "the whole test set as one stream (Kim et al. 2016's test protocol)"},
+            **lineage, "target_forward": args.target, "target_met": test["ppl_forward"] <= args.target}, indent=2))
     return 0
 
 
