@@ -3,7 +3,8 @@
 Runs restarted from one model (scripts/train_ptb.sh INIT_FROM=...) stay in its basin, so their
 parameters can be averaged (Wortsman et al. 2022, "model soups"). Greedy: rank the candidates by
 validation forward perplexity, start from the best, add each next one if the uniform mean of the
-members so far and it is better on *validation*; the test set is scored once, on the final soup.
+members so far and it is better on *validation* (passes repeat over the dropped ones until none is
+added); the test set is scored once, on the final soup.
 
     .venv/bin/python scripts/soup_ptb.py runs/ptb2/best runs/ptb5/avg24 runs/ptb7/avg4 \
         --out runs/soup --results results
@@ -86,8 +87,12 @@ def main() -> int:
             members, weights, best = list(cand), w, r
         return kept
 
-    for m in ranked[1:]:
-        trial(members + [m], None, f"+ {m}")
+    pending = ranked[1:]
+    while pending:  # a candidate dropped early may help once later members are in: retry until nothing is added
+        dropped = [m for m in pending if not trial(members + [m], None, f"+ {m}")]
+        if len(dropped) == len(pending):
+            break
+        pending = dropped
     for a in (args.alphas if len(members) > 1 else []):
         n = len(members)
         trial(members, [a] + [(1 - a) / (n - 1)] * (n - 1), f"alpha {a:.2f} on {members[0]}")
