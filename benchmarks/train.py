@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from elmo.corpus import Corpus
+from elmo.data import StreamBatcher
+from elmo.lm import LanguageModel
+from elmo.softmax import SampledSoftmax
+from elmo.train import TRAIN_PRESETS
+from elmo.vocab import Vocabulary
 
-from elmo.data import Corpus, StreamBatcher, Vocabulary  # noqa: E402
-from elmo.lm import LanguageModel  # noqa: E402
-from elmo.softmax import SampledSoftmax  # noqa: E402
-from elmo.train import TRAIN_PRESETS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PTB = ROOT.parent / "shared" / "data" / "lm" / "ptb" / "ptb.train.txt"
 

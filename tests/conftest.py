@@ -44,3 +44,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def fixture_corpus():
+    """The bilm-tf training fixture: (data.txt, vocab.txt)."""
+    d = shared_path("fixtures", "bilm-tf", "train")
+    return d / "data.txt", d / "vocab.txt"
+
+
+def base_config(tmp_path, data, vocab, **kw):
+    """A TrainConfig of a few steps of the tiny model (fields in ``kw`` override)."""
+    from elmo.train import TrainConfig
+    cfg = dict(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / "run"), model="tiny",
+               batch_size=4, unroll=5, max_steps=6, log_every=2, eval_every=1000, checkpoint_every=1000,
+               threads=1, progress=False)
+    cfg.update(kw)
+    return TrainConfig(**cfg)

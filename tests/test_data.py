@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from elmo.chars import word_to_char_ids
-from elmo.data import (Corpus, SentenceBatcher, StreamBatcher, Vocabulary, expand_files, sentences_batch)
+from elmo.corpus import Corpus, expand_files
+from elmo.data import SentenceBatcher, StreamBatcher, sentences_batch
+from elmo.vocab import Vocabulary
 from elmo.errors import ElmoError
 
 
@@ -127,7 +129,7 @@ def test_corpus_empty_and_blank(tmp_path):
     with pytest.raises(ElmoError, match="no sentences"):
         next(Corpus([b]).sentences())  # an infinite stream over nothing must not hang
     (tmp_path / "bad.txt").write_bytes(b"ok line\n\xff\xfe bad\n")
-    with pytest.raises(ElmoError, match=r"bad.txt: line 2: not UTF-8"):
+    with pytest.raises(ElmoError, match=r"bad.txt: line 2: invalid UTF-8"):
         list(Corpus([tmp_path / "bad.txt"], shuffle=False).sentences(epochs=1))
 
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from elmo import BiLM
+from elmo.bilm import Regularisation
 from elmo.config import preset
-from elmo.data import Vocabulary, sentences_batch
+from elmo.data import sentences_batch
+from elmo.vocab import Vocabulary
 from elmo.errors import ElmoError
 from elmo.lm import LanguageModel
 from elmo.softmax import (AdaptiveSoftmax, FullSoftmax, SampledSoftmax, default_softmax, log_uniform_probs,
@@ -26,7 +28,7 @@ def vocab():
 @pytest.fixture
 def lm(vocab):
     torch.manual_seed(0)
-    return LanguageModel(preset("tiny"), vocab, softmax="full", dropout=0.0).eval()
+    return LanguageModel(preset("tiny"), vocab, softmax="full", regularisation=Regularisation(dropout=0.0)).eval()
 
 
 # -- softmaxes -------------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def test_token_nll_matches_bilm_forward(lm, vocab):
 
 def test_gradients_by_finite_differences(vocab):
     torch.manual_seed(3)
-    lm = LanguageModel(preset("tiny"), vocab, softmax="full", dropout=0.0).double()
+    lm = LanguageModel(preset("tiny"), vocab, softmax="full", regularisation=Regularisation(dropout=0.0)).double()
     b = sentences_batch(SENTS[:2], vocab)
 
     def loss():
@@ -160,7 +162,7 @@ def test_gradients_by_finite_differences(vocab):
 
 def test_sampled_lm_uses_shared_negatives(vocab):
     torch.manual_seed(4)
-    lm = LanguageModel(preset("tiny"), vocab, softmax="sampled", num_samples=5, dropout=0.0).train()
+    lm = LanguageModel(preset("tiny"), vocab, softmax="sampled", num_samples=5, regularisation=Regularisation(dropout=0.0)).train()
     b = sentences_batch(SENTS, vocab)
     a, _ = lm.batch_nll(b, generator=torch.Generator().manual_seed(9))
     c, _ = lm.batch_nll(b, generator=torch.Generator().manual_seed(9))

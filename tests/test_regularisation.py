@@ -7,26 +7,20 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train import base_config, fixture_corpus  # noqa: F401  (the fixture)
+from conftest import base_config
 
 from elmo import BiLM, ElmoConfig
-from elmo.bilm import sequence_dropout
+from elmo.bilm import Regularisation, sequence_dropout
 from elmo.errors import ElmoError
 from elmo.lm import LanguageModel
-from elmo.train import (
-    CHECKPOINT_NAME,
-    TrainConfig,
-    _load_checkpoint,
-    lm_from_checkpoint,
-    train,
-)
+from elmo.train import CHECKPOINT_NAME, TrainConfig, lm_from_checkpoint, load_checkpoint, train
 
 
-def _bilm(seed=0):
+def _bilm(seed=0, regularisation=None):
     torch.manual_seed(seed)
     cfg = ElmoConfig(lstm_dim=12, projection_dim=5, char_embed_dim=3, n_highway=1,
                      filters=[[1, 4], [2, 4]], cell_clip=None, proj_clip=None)
-    return BiLM(cfg)
+    return BiLM(cfg, regularisation=regularisation)
 
 
 def _inputs(seed=1):
@@ -36,8 +30,7 @@ def _inputs(seed=1):
 
 
 def test_weight_drop_is_one_mask_per_window_on_the_recurrent_matrix():
-    model = _bilm()
-    model.weight_drop = 0.5
+    model = _bilm(regularisation=Regularisation(weight_drop=0.5))
     model.train()
     x, lengths = _inputs()
     torch.manual_seed(123)
@@ -70,7 +63,7 @@ def test_evaluation_ignores_dropout_and_weight_drop():
     model.eval()
     with torch.no_grad():
         plain, _ = model.run_stacks(x, lengths)
-        model.dropout, model.variational_dropout, model.weight_drop = 0.5, True, 0.5
+        model.regularisation = Regularisation(dropout=0.5, variational_dropout=True, weight_drop=0.5)
         again, _ = model.run_stacks(x, lengths)
     for a, b in zip(plain, again):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -89,7 +82,7 @@ def test_variational_mask_is_shared_over_time():
     assert abs(z.mean().item() - 1.0) < 0.05
 
 
-def test_run_keeps_regularisation_through_save_resume_and_checkpoint(tmp_path, fixture_corpus):  # noqa: F811
+def test_run_keeps_regularisation_through_save_resume_and_checkpoint(tmp_path, fixture_corpus):
     data, vocab = fixture_corpus
     cfg = base_config(tmp_path, data, vocab, weight_drop=0.3, variational_dropout=True, dropout=0.2,
                       max_steps=3, checkpoint_every=3)
@@ -100,7 +93,7 @@ def test_run_keeps_regularisation_through_save_resume_and_checkpoint(tmp_path, f
     assert (lm.bilm.dropout, lm.bilm.variational_dropout, lm.bilm.weight_drop) == (0.2, True, 0.3)
     meta = json.loads((run / "model" / "training.json").read_text())
     assert meta["weight_drop"] == 0.3 and meta["variational_dropout"] is True
-    ckpt = _load_checkpoint(run / CHECKPOINT_NAME)
+    ckpt = load_checkpoint(run / CHECKPOINT_NAME)
     from_ckpt = lm_from_checkpoint(ckpt, run / CHECKPOINT_NAME)
     assert from_ckpt.weight_drop == 0.3 and from_ckpt.variational_dropout
     for (k, a), b in zip(lm.state_dict().items(), from_ckpt.state_dict().values()):
@@ -111,7 +104,7 @@ def test_run_keeps_regularisation_through_save_resume_and_checkpoint(tmp_path, f
     assert LanguageModel.from_pretrained(run / "model").weight_drop == 0.3
 
 
-def test_weight_drop_must_be_a_probability(tmp_path, fixture_corpus):  # noqa: F811
+def test_weight_drop_must_be_a_probability(tmp_path, fixture_corpus):
     data, vocab = fixture_corpus
     with pytest.raises(ElmoError, match="weight_drop must be in"):
         base_config(tmp_path, data, vocab, weight_drop=1.0)

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from elmo.cli import main as cli_main
-from elmo.data import Corpus, Vocabulary
+from elmo.corpus import Corpus
 from elmo.errors import ElmoError
 from elmo.lm import LanguageModel
 from elmo.train import CHECKPOINT_NAME, TrainConfig, train
+from elmo.vocab import Vocabulary
 
-from conftest import shared_path
+from conftest import base_config, shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,20 +33,6 @@ def ptb_slice(tmp_path_factory):
     (d / "valid.txt").write_text("\n".join((ptb / "ptb.valid.txt").read_text().splitlines()[:300]) + "\n")
     Vocabulary.build([d / "train.txt"], max_size=2000).save(d / "vocab.txt", with_counts=True)
     return d
-
-
-@pytest.fixture(scope="module")
-def fixture_corpus():
-    d = shared_path("fixtures", "bilm-tf", "train")
-    return d / "data.txt", d / "vocab.txt"
-
-
-def base_config(tmp_path, data, vocab, **kw):
-    cfg = dict(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / "run"), model="tiny",
-               batch_size=4, unroll=5, max_steps=6, log_every=2, eval_every=1000, checkpoint_every=1000,
-               threads=1, progress=False)
-    cfg.update(kw)
-    return TrainConfig(**cfg)
 
 
 def unigram_ppl(vocab: Vocabulary, files) -> float:

@@ -19,17 +19,7 @@ import torch
 
 from .errors import ElmoError
 from .lm import LanguageModel
-
-
-def load_lm(source: str | Path) -> LanguageModel:
-    """An LM from an LM directory (``save_pretrained``) or a training checkpoint (``checkpoint.pt``)."""
-    path = Path(source)
-    if path.is_dir():
-        return LanguageModel.from_pretrained(path)
-    if not path.is_file():
-        raise ElmoError(f"{path}: no such LM directory or checkpoint")
-    from .train import _load_checkpoint, lm_from_checkpoint
-    return lm_from_checkpoint(_load_checkpoint(path), path)
+from .train.checkpoint import load_lm
 
 
 def _normalised(weights: Sequence[float] | None, n: int) -> list[float]:

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn as nn
 
-from .chars import BOS_IDS, EOS_IDS, batch_to_ids
+from . import weights
+from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder
 from .errors import ElmoError
-from .lstm import BiLstmLayer, lstm_layer_fast
+from .lstm import BiLstmLayer, lstm_layer
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -35,6 +37,46 @@ State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2,
 class BiLMOutput:
     layers: list[torch.Tensor]   # n_layers + 1 tensors, each (B, T, 2P); zeros at padded positions
     mask: torch.Tensor           # (B, T) bool, True at real tokens
+
+
+@dataclass(frozen=True)
+class Regularisation:
+    """What training masks (nothing at evaluation).
+
+    ``dropout`` on each LSTM layer's input (bilm-tf's placement; the residual adds the dropped
+    input back) and, in the LM, on the top output; ``variational_dropout``: one mask per row and
+    window, shared over time (Gal & Ghahramani 2016); ``weight_drop``: DropConnect on each
+    recurrent matrix, one mask per window (AWD-LSTM).
+    """
+
+    dropout: float = 0.0
+    variational_dropout: bool = False
+    weight_drop: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("dropout", "weight_drop"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ElmoError(f"{name} must be in [0, 1), got {p}")
+
+
+# What each direction reads. A sentence w1 .. wn is wrapped in <S> ... </S>; the forward LM reads
+# it left to right, the backward LM right to left, and position t's output predicts position t + 1.
+def lm_sequences(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[<S>, w1 .. wn, </S>]`` and ``[</S>, wn .. w1, <S>]``: the forward and backward LMs' views."""
+    return [BOS_TOKEN, *tokens, EOS_TOKEN], [EOS_TOKEN, *reversed(tokens), BOS_TOKEN]
+
+
+def add_sentence_boundaries(char_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``(B, T, 50)`` char ids of sentences -> ``(B, T + 2, 50)`` with ``<S>`` first and ``</S>``
+    after each row's last token (the tensor form of :func:`lm_sequences`' forward view)."""
+    B, T, C = char_ids.shape
+    device = char_ids.device
+    ids = char_ids.new_zeros(B, T + 2, C)
+    ids[:, 1:T + 1] = char_ids
+    ids[:, 0] = torch.tensor(BOS_IDS, device=device)
+    ids[torch.arange(B, device=device), lengths + 1] = torch.tensor(EOS_IDS, device=device)
+    return ids
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -59,20 +101,28 @@ def sequence_dropout(x: torch.Tensor, p: float, variational: bool) -> torch.Tens
 
 
 class BiLM(nn.Module):
-    def __init__(self, config: ElmoConfig, stateful: bool = False) -> None:
+    def __init__(self, config: ElmoConfig, stateful: bool = False,
+                 regularisation: Regularisation | None = None) -> None:
         super().__init__()
         self.config = config
         self.encoder = CharCNNEncoder(config)
         P, D = config.projection_dim, config.lstm_dim
         self.layers = nn.ModuleList(BiLstmLayer(P, D, P) for _ in range(config.n_layers))
         self.stateful = stateful
-        # Regularisation, in training mode only (the LM trainer sets these): dropout on each layer's
-        # input (bilm-tf's placement), one mask per window over time if variational (Gal &
-        # Ghahramani 2016); weight drop on each recurrent matrix, one mask per window (AWD-LSTM).
-        self.dropout = 0.0
-        self.variational_dropout = False
-        self.weight_drop = 0.0
+        self.regularisation = regularisation or Regularisation()   # applied in training mode only
         self._state: State | None = None
+
+    @property
+    def dropout(self) -> float:
+        return self.regularisation.dropout
+
+    @property
+    def variational_dropout(self) -> bool:
+        return self.regularisation.variational_dropout
+
+    @property
+    def weight_drop(self) -> float:
+        return self.regularisation.weight_drop
 
     @property
     def output_dim(self) -> int:
@@ -148,7 +198,7 @@ class BiLM(nn.Module):
             if self.training and self.weight_drop > 0:
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
-            out, c, h = lstm_layer_fast(layer, h_in, sorted_lengths, c0[:, order], h0[:, order],
+            out, c, h = lstm_layer(layer, h_in, sorted_lengths, c0[:, order], h0[:, order],
                                         cfg.cell_clip, cfg.proj_clip, w_h)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
@@ -156,6 +206,28 @@ class BiLM(nn.Module):
             final.append((c[:, inv], h[:, inv]))
             h_in = out
         return [o[:, inv] for o in outs], final
+
+    def run_tokens(self, char_ids: torch.Tensor, token_index: torch.Tensor, lengths: torch.Tensor,
+                   state: State | None = None) -> tuple[list[torch.Tensor], State]:
+        """Both stacks over sequences given as indices into a set of distinct tokens (the
+        language model's training input: each distinct token is encoded once).
+
+        Parameters
+        ----------
+        char_ids : ``(U, 50)`` the distinct tokens' char ids.
+        token_index : ``(2, B, T)`` indices into ``char_ids`` ([0] forward, [1] backward reading
+            order), -1 at padding.
+        lengths : ``(B,)`` steps per row.
+        state : initial state (see :meth:`run_stacks`), zeros if None.
+
+        Returns
+        -------
+        :meth:`run_stacks`' per-layer ``(2, B, T, P)`` outputs and final state.
+        """
+        pad = token_index < 0
+        emb = self.encoder.encode_tokens(char_ids)                            # (U, P)
+        x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
+        return self.run_stacks(x, lengths, state)
 
     # -- public API ------------------------------------------------------------------------------
     def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
@@ -172,11 +244,7 @@ class BiLM(nn.Module):
         device = char_ids.device
         mask = char_ids[..., 0] > 0
         lengths = mask.sum(1)
-        # Wrap in <S> ... </S>.
-        ids = char_ids.new_zeros(B, T + 2, C)
-        ids[:, 1:T + 1] = char_ids
-        ids[:, 0] = torch.tensor(BOS_IDS, device=device)
-        ids[torch.arange(B, device=device), lengths + 1] = torch.tensor(EOS_IDS, device=device)
+        ids = add_sentence_boundaries(char_ids, lengths)
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 
@@ -208,46 +276,41 @@ class BiLM(nn.Module):
     @classmethod
     def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> "BiLM":
         """A model from published ``options.json`` + HDF5 weights (paths or URLs)."""
-        from .weights import cached_path, load_published_weights
-        model = cls(ElmoConfig.from_json_file(cached_path(options_file)), **kw)
-        load_published_weights(model, cached_path(weight_file))
+        model = cls(ElmoConfig.from_json_file(weights.cached_path(options_file)), **kw)
+        weights.load_published_weights(model, weights.cached_path(weight_file))
         return model.eval()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> "BiLM":
         """Load a model by registry name (downloaded once, then cached), ``"default"`` (the
         model shipped in the package), or a directory in the native or the published layout."""
-        from . import weights as W
         name = str(name_or_path)
-        path = W.default_model_dir() if name == "default" else Path(name)
+        path = weights.default_model_dir() if name == "default" else Path(name)
         if path.is_dir():
-            if (path / W.CONFIG_NAME).is_file():
-                model = cls(ElmoConfig.from_json_file(path / W.CONFIG_NAME), **kw)
-                W.load_native(model, path)
+            if (path / weights.CONFIG_NAME).is_file():
+                model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
+                weights.load_native(model, path)
                 return model.eval()
-            found = W.find_published_files(path)
+            found = weights.find_published_files(path)
             if found is None:
-                raise ElmoError(f"{path}: neither a native model ({W.CONFIG_NAME} + {W.WEIGHTS_NAME}) "
-                                "nor a published one (*options.json + *weights*.hdf5)")
+                raise ElmoError(f"{path}: neither a native model ({weights.CONFIG_NAME} + "
+                                f"{weights.WEIGHTS_NAME}) nor a published one (*options.json + *weights*.hdf5)")
             return cls.from_published(*found, **kw)
-        if name in W.REGISTRY or name in W.ALIASES:
-            return cls.from_published(*W.resolve_published(name), **kw)
+        if name in weights.REGISTRY or name in weights.ALIASES:
+            return cls.from_published(*weights.resolve_published(name), **kw)
         raise ElmoError(f"{name}: no such model directory, and not a published model name "
-                        f"({', '.join(W.REGISTRY)})")
+                        f"({', '.join(weights.REGISTRY)})")
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``."""
-        from .weights import save_native
-        return save_native(self, out_dir)
+        return weights.save_native(self, out_dir)
 
     def export_published(self, out_dir: str | Path, name: str = "elmo") -> tuple[Path, Path]:
         """Write ``<name>_options.json`` + ``<name>_weights.hdf5`` that bilm-tf/AllenNLP can read."""
-        from .weights import export_published
-        return export_published(self, out_dir, name)
+        return weights.export_published(self, out_dir, name)
 
     @torch.no_grad()
     def cache_token_embeddings(self, vocab: list[str]) -> None:
         """Precompute E0 for ``vocab`` (e.g. a task's training vocabulary); other tokens still work."""
-        from .chars import word_to_char_ids
         ids = torch.tensor([word_to_char_ids(w) for w in vocab], dtype=torch.long, device=self.device)
         self.encoder.build_cache(ids)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .errors import ElmoError
 
-MAX_CHARS = 50
+MAX_CHARS = 50  # characters per token, markers included
 BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
 BOS_TOKEN, EOS_TOKEN = "<S>", "</S>"
 
@@ -59,17 +60,30 @@ def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         raise ElmoError("batch_to_ids: expected a list of sentences (lists of tokens)")
     if len(sentences) == 0:
         raise ElmoError("batch_to_ids: empty batch (no sentences)")
+    lengths = []
     for i, s in enumerate(sentences):
         if isinstance(s, str):
             raise ElmoError(f"batch_to_ids: sentence {i} is a str, expected a list of tokens "
                             "(split it first, e.g. line.split())")
-    T = max(len(s) for s in sentences)
-    out = torch.zeros(len(sentences), T, MAX_CHARS, dtype=torch.long)
+        lengths.append(len(s))
+    T = max(lengths)
+    out = np.zeros((len(sentences), T, MAX_CHARS), np.int64)
+    if T:
+        try:
+            ids = [word_to_char_ids(t) for s in sentences for t in s]
+        except (TypeError, AttributeError):  # a token that is not a str (lru_cache may raise either)
+            _raise_bad_token(sentences)
+            raise
+        # One scatter of all tokens' rows: no per-sentence tensor construction.
+        rows = np.repeat(np.arange(len(sentences)), lengths)
+        cols = np.concatenate([np.arange(n) for n in lengths])
+        out[rows, cols] = ids
+    return torch.from_numpy(out)
+
+
+def _raise_bad_token(sentences: Sequence[Sequence[str]]) -> None:
     for i, s in enumerate(sentences):
-        if s:
-            for j, tok in enumerate(s):
-                if not isinstance(tok, str):
-                    raise ElmoError(f"batch_to_ids: sentence {i} token {j} is "
-                                    f"{type(tok).__name__}, expected str")
-            out[i, : len(s)] = torch.tensor([word_to_char_ids(t) for t in s], dtype=torch.long)
-    return out
+        for j, tok in enumerate(s):
+            if not isinstance(tok, str):
+                raise ElmoError(f"batch_to_ids: sentence {i} token {j} is "
+                                f"{type(tok).__name__}, expected str")

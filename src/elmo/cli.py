@@ -1,28 +1,30 @@
 """The ``elmo`` command line: one subcommand per pipeline, each a thin layer over the library.
 
-Each pipeline module exposes ``add_subcommand(subparsers)``, which registers its parser and sets
+Each command module exposes ``add_subcommand(subparsers)``, which registers its parser and sets
 ``func`` (taking the parsed args, returning an exit code).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from . import __version__
+from . import __version__, average, info, perplexity, vocab
+from .embed import cli as embed_cli
 from .errors import ElmoError
+from .probe import cli as probe_cli
+from .train import cli as train_cli
 
-# Modules that contribute subcommands, in the order `elmo --help` lists them.
-SUBCOMMAND_MODULES = ["elmo.info", "elmo.train", "elmo.average", "elmo.probe.cli", "elmo.embed"]
+# In the order `elmo --help` lists them.
+COMMAND_MODULES = [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elmo", description="ELMo: deep contextualized word representations")
     parser.add_argument("--version", action="version", version=f"elmo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).add_subcommand(sub)
+    for module in COMMAND_MODULES:
+        module.add_subcommand(sub)
     return parser
 
 

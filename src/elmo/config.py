@@ -13,10 +13,11 @@ format of our own models too, so every model this library makes exports to the p
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .chars import MAX_CHARS
 from .errors import ElmoError
 
 # Keys bilm-tf writes into training configs; harmless at inference, so accepted and ignored.
@@ -29,7 +30,6 @@ LSTM_REQUIRED = {"dim", "projection_dim", "n_layers"}
 LSTM_OPTIONAL = {"cell_clip", "proj_clip", "use_skip_connections"}
 CNN_REQUIRED = {"embedding", "filters", "n_characters", "max_characters_per_token"}
 CNN_OPTIONAL = {"n_highway", "activation"}
-MAX_CHARS = 50
 N_CHARACTERS = 262  # 261 published char ids (+1 shifted) plus id 0 for padded token positions
 
 
@@ -165,9 +165,6 @@ class ElmoConfig:
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_options(), indent=2) + "\n", encoding="utf-8")
-
-    def asdict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _clip(v: Any) -> float | None:

@@ -1,12 +1,7 @@
-"""Training data: vocabulary, a streamed corpus, and the two batching schemes of the biLM.
+"""Training batches of the biLM: what each direction reads, and the two batching schemes.
 
-Corpus
-    Files or globs of pre-tokenised text, one sentence per line (tokens split on whitespace).
-    Files ("shards") are read line by line, never whole: each shard is read in blocks of
-    ``block_lines`` lines and each block is shuffled, the shard order is shuffled every epoch.
-    Blank lines are skipped. Every shuffle is seeded by ``(seed, epoch, shard, block)``, so a
-    :class:`CorpusPosition` (epoch, shard, block byte offset, index in block) is enough to
-    resume exactly where a run stopped.
+The sentences come from a :class:`~elmo.corpus.Corpus`; targets are ids of a
+:class:`~elmo.vocab.Vocabulary`.
 
 What the two LMs read, per sentence ``w1 .. wn`` (as bilm-tf)::
 
@@ -33,297 +28,21 @@ Distributed training
     of ranks, only on the global batch: 2 ranks x 8 rows see exactly what 1 rank x 16 rows sees.
 """
 
+
 from __future__ import annotations
 
-import glob
-import os
 import random
-import warnings
-from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import torch
 
-from .chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, word_to_char_ids
+from .bilm import lm_sequences
+from .chars import MAX_CHARS, word_to_char_ids
+from .corpus import Corpus, CorpusPosition
 from .errors import ElmoError
-from .fileio import atomic_path
-
-UNK_TOKEN = "<UNK>"
-SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
-MAX_TOKEN_BYTES = MAX_CHARS - 2  # longer tokens are truncated in their character ids
-
-
-# ------------------------------------------------------------------------------------------------
-# Vocabulary
-# ------------------------------------------------------------------------------------------------
-class Vocabulary:
-    """Output vocabulary of the LM: ``<S>``, ``</S>``, ``<UNK>`` (ids 0, 1, 2), then the rest,
-    most frequent first (the sampled softmax's log-uniform sampler relies on that order)."""
-
-    bos, eos, unk = 0, 1, 2
-
-    def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None,
-                 source: str = "vocabulary") -> None:
-        tokens = list(tokens)
-        if tuple(tokens[:3]) != SPECIAL_TOKENS:
-            raise ElmoError(f"{source}: the first three entries must be <S>, </S>, <UNK> "
-                            f"(got {', '.join(map(repr, tokens[:3])) or 'nothing'}); build the "
-                            "vocabulary with `elmo vocab` or add those lines at the top")
-        index: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            if t in index:
-                raise ElmoError(f"{source}: line {i + 1}: duplicate token {t!r} "
-                                f"(first on line {index[t] + 1})")
-            index[t] = i
-        self.tokens = tokens
-        self.index = index
-        self.counts = list(counts) if counts is not None else None
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __contains__(self, token: str) -> bool:
-        return token in self.index
-
-    def id(self, token: str) -> int:
-        return self.index.get(token, self.unk)
-
-    def ids(self, tokens: Iterable[str]) -> list[int]:
-        get, unk = self.index.get, self.unk
-        return [get(t, unk) for t in tokens]
-
-    # -- files -----------------------------------------------------------------------------------
-    @classmethod
-    def from_file(cls, path: str | Path) -> "Vocabulary":
-        """One token per line (the bilm-tf format); an optional second column is a count."""
-        path = Path(path)
-        try:
-            f = open(path, encoding="utf-8")
-        except OSError as e:
-            raise ElmoError(f"{path}: cannot read vocabulary ({e.strerror})") from None
-        tokens, counts = [], []
-        with f:
-            try:
-                for n, line in enumerate(f, 1):
-                    parts = line.rstrip("\r\n").split()
-                    if not parts:
-                        raise ElmoError(f"{path}: line {n}: blank line in vocabulary")
-                    if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-                        raise ElmoError(f"{path}: line {n}: expected 'token' or 'token count', "
-                                        f"got {line.strip()[:60]!r}")
-                    tokens.append(parts[0])
-                    counts.append(int(parts[1]) if len(parts) == 2 else None)
-            except UnicodeDecodeError as e:
-                raise ElmoError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if not tokens:
-            raise ElmoError(f"{path}: empty vocabulary file")
-        have_counts = all(c is not None for c in counts[3:]) and len(tokens) > 3
-        return cls(tokens, [c or 0 for c in counts] if have_counts else None, source=str(path))
-
-    def save(self, path: str | Path, with_counts: bool = False) -> Path:
-        path = Path(path)
-        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            for i, t in enumerate(self.tokens):
-                if with_counts and self.counts is not None:
-                    f.write(f"{t}\t{self.counts[i]}\n")
-                else:
-                    f.write(t + "\n")
-        return path
-
-    @classmethod
-    def build(cls, files: Sequence[str | Path], min_count: int = 1, max_size: int | None = None,
-              progress: bool = False) -> "Vocabulary":
-        """Count a corpus (streamed) and keep tokens seen ``min_count`` times, most frequent first
-        (ties alphabetically); ``max_size`` counts the three special tokens."""
-        if max_size is not None and max_size < 3:
-            raise ElmoError(f"vocabulary max size must be at least 3 (the special tokens), got {max_size}")
-        counter: Counter[str] = Counter()
-        n_sent = 0
-        for path in expand_files(files):
-            for _, _, toks in _read_lines(path):
-                counter.update(toks)
-                n_sent += 1
-        if n_sent == 0:
-            raise ElmoError(f"corpus {' '.join(map(str, files))}: no sentences (all files empty or blank)")
-        n_eos = n_sent
-        for t in SPECIAL_TOKENS:
-            counter.pop(t, None)
-        items = sorted(((t, c) for t, c in counter.items() if c >= min_count), key=lambda x: (-x[1], x[0]))
-        if max_size is not None:
-            items = items[: max_size - 3]
-        unk = sum(counter.values()) - sum(c for _, c in items)
-        tokens = list(SPECIAL_TOKENS) + [t for t, _ in items]
-        counts = [n_sent, n_eos, unk] + [c for _, c in items]
-        return cls(tokens, counts)
-
-    def unigram_log_probs(self) -> torch.Tensor:
-        """Log-probabilities of a unigram model over the targets (needs counts; add-one smoothed)."""
-        if self.counts is None:
-            raise ElmoError("vocabulary has no counts (build it with Vocabulary.build)")
-        c = torch.tensor(self.counts, dtype=torch.float64) + 1.0
-        return (c / c.sum()).log()
-
-
-# ------------------------------------------------------------------------------------------------
-# Corpus
-# ------------------------------------------------------------------------------------------------
-def expand_files(patterns: Sequence[str | Path]) -> list[Path]:
-    """Files named or matched by glob patterns, in order (each pattern's matches sorted)."""
-    if isinstance(patterns, (str, Path)):
-        patterns = [patterns]
-    out: list[Path] = []
-    for pat in patterns:
-        s = os.path.expanduser(str(pat))
-        matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
-        files = [Path(m) for m in matches if Path(m).is_file()]
-        if not files:
-            if not glob.has_magic(s) and Path(s).exists():
-                raise ElmoError(f"{s}: not a file")
-            raise ElmoError(f"{s}: no such file" if not glob.has_magic(s) else f"{s}: matches no files")
-        for f in files:
-            if f not in out:
-                out.append(f)
-    return out
-
-
-def _read_lines(path: Path, offset: int = 0, line0: int = 0, limit: int | None = None
-                ) -> Iterator[tuple[int, int, list[str]]]:
-    """(line number, byte offset after the line, tokens) of the non-blank lines of a file."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ElmoError(f"{path}: cannot read corpus file ({e.strerror})") from None
-    with f:
-        f.seek(offset)
-        n = line0
-        while limit is None or n - line0 < limit:
-            raw = f.readline()
-            if not raw:
-                return
-            n += 1
-            try:
-                toks = raw.decode("utf-8").split()
-            except UnicodeDecodeError as e:
-                raise ElmoError(f"{path}: line {n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            if not toks:
-                continue
-            _check_long_tokens(path, n, toks)
-            yield n, f.tell(), toks
-
-
-@dataclass
-class CorpusPosition:
-    """Where the next sentence comes from: shard ``order[shard]`` of ``epoch``, the block that
-    starts at byte ``offset`` (line ``line0``), item ``index`` of that block's shuffled order."""
-
-    epoch: int = 0
-    shard: int = 0
-    block: int = 0
-    offset: int = 0
-    line0: int = 0
-    index: int = 0
-
-    def asdict(self) -> dict:
-        return asdict(self)
-
-
-class Corpus:
-    """Sentences (token lists) of files or globs, streamed and shuffled per shard.
-
-    ``shuffle=False`` reads the files in the order given, lines in file order.
-    """
-
-    def __init__(self, patterns: Sequence[str | Path], shuffle: bool = True, seed: int = 0,
-                 block_lines: int = 1_000_000) -> None:
-        self.files = expand_files(patterns)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.block_lines = block_lines
-        self.name = " ".join(str(f) for f in self.files)
-
-    def _shard_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.files)))
-        if self.shuffle:
-            random.Random(f"{self.seed}/{epoch}").shuffle(order)
-        return order
-
-    def sentences(self, start: CorpusPosition | None = None, epochs: int | None = None
-                  ) -> Iterator[tuple[list[str], CorpusPosition]]:
-        """Yield ``(tokens, position of the next sentence)``; ``epochs=None`` cycles forever."""
-        pos = CorpusPosition(**asdict(start)) if start is not None else CorpusPosition()
-        while epochs is None or pos.epoch < epochs:
-            order = self._shard_order(pos.epoch)
-            produced = pos.shard > 0 or pos.block > 0 or pos.index > 0
-            while pos.shard < len(order):
-                shard = order[pos.shard]
-                while True:
-                    sents, end, last = self._read_block(pos, shard)
-                    for i in range(pos.index, len(sents)):
-                        produced = True
-                        nxt = CorpusPosition(pos.epoch, pos.shard, pos.block, pos.offset, pos.line0, i + 1)
-                        if i + 1 == len(sents):  # point past the block: resume never rereads it
-                            nxt = CorpusPosition(pos.epoch, pos.shard, pos.block + 1, end, last, 0)
-                        yield sents[i], nxt
-                    if not sents:
-                        break  # end of shard
-                    pos = CorpusPosition(pos.epoch, pos.shard, pos.block + 1, end, last, 0)
-                pos = CorpusPosition(pos.epoch, pos.shard + 1, 0, 0, 0, 0)
-            if not produced:
-                raise ElmoError(f"corpus {self.name}: no sentences (all files empty or blank)")
-            pos = CorpusPosition(pos.epoch + 1, 0, 0, 0, 0, 0)
-
-    def _read_block(self, pos: CorpusPosition, shard: int) -> tuple[list[list[str]], int, int]:
-        # Blocks made only of blank lines are skipped here so that an empty list means end of shard.
-        while True:
-            sents, end, last = self._block_lines(pos, shard)
-            if sents or end == pos.offset:
-                return sents, end, last
-            pos = CorpusPosition(pos.epoch, pos.shard, pos.block, end, last, 0)
-
-    def _block_lines(self, pos: CorpusPosition, shard: int) -> tuple[list[list[str]], int, int]:
-        path = self.files[shard]
-        sents: list[list[str]] = []
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise ElmoError(f"{path}: cannot read corpus file ({e.strerror})") from None
-        n = pos.line0
-        with f:
-            f.seek(pos.offset)
-            for _ in range(self.block_lines):
-                raw = f.readline()
-                if not raw:
-                    break
-                n += 1
-                try:
-                    toks = raw.decode("utf-8").split()
-                except UnicodeDecodeError as e:
-                    raise ElmoError(f"{path}: line {n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-                if toks:
-                    _check_long_tokens(path, n, toks)
-                    sents.append(toks)
-            end = f.tell()
-        if sents and self.shuffle:
-            random.Random(f"{self.seed}/{pos.epoch}/{shard}/{pos.block}").shuffle(sents)
-        return sents, end, n
-
-
-_warned_files: set[str] = set()
-
-
-def _check_long_tokens(path: Path, line: int, toks: list[str]) -> None:
-    if str(path) in _warned_files:
-        return
-    for t in toks:
-        if len(t) > MAX_TOKEN_BYTES // 4 and len(t.encode("utf-8")) > MAX_TOKEN_BYTES:
-            _warned_files.add(str(path))
-            warnings.warn(f"{path}: line {line}: token of {len(t.encode('utf-8'))} bytes; its characters "
-                          f"are truncated to {MAX_TOKEN_BYTES} bytes as in the original (its target id "
-                          "is unaffected); further such tokens in this file are not reported", stacklevel=3)
-            return
-
+from .text import length_batches
+from .vocab import Vocabulary
 
 # ------------------------------------------------------------------------------------------------
 # Batches
@@ -378,10 +97,10 @@ def make_batch(rows: Sequence[tuple[list[str], list[int], list[str], list[int]]]
 
 
 def sentence_rows(sent: Sequence[str], vocab: Vocabulary) -> tuple[list[str], list[int], list[str], list[int]]:
-    """The two LMs' inputs and targets for one sentence (see the module docstring)."""
-    ids = vocab.ids(sent)
-    return ([BOS_TOKEN, *sent], ids + [vocab.eos],
-            [EOS_TOKEN, *reversed(sent)], ids[::-1] + [vocab.bos])
+    """The two LMs' inputs and targets for one sentence: each direction's view (see
+    :func:`elmo.bilm.lm_sequences`) without its last token, and its vocabulary ids from the second on."""
+    fwd, bwd = lm_sequences(sent)
+    return fwd[:-1], vocab.ids(fwd[1:]), bwd[:-1], vocab.ids(bwd[1:])
 
 
 def sentences_batch(sentences: Sequence[Sequence[str]], vocab: Vocabulary) -> Batch:
@@ -579,21 +298,12 @@ class SentenceBatcher:
         if not sents:
             self._pool = []
             return
-        sents.sort(key=len)
-        batches: list[list[list[str]]] = []
-        cur: list[list[str]] = []
-        for s in sents:
-            longest = len(s) + 1
-            if cur and (len(cur) == self.batch_size or (self.batch_tokens is not None and len(cur) >= self.world_size
-                                                      and longest * (len(cur) + 1) > self.batch_tokens)):
-                batches.append(cur)
-                cur = []
-            cur.append(s)
-        if cur:
-            if len(cur) < self.world_size and batches:
-                batches[-1].extend(cur)
-            else:
-                batches.append(cur)
+        # Shortest first; the token cap counts targets (n + 1 per sentence) and leaves every rank a row.
+        groups = length_batches([len(s) + 1 for s in sents], self.batch_size, self.batch_tokens,
+                                descending=False, min_rows=self.world_size)
+        batches = [[sents[i] for i in g] for g in groups]
+        if len(batches) > 1 and len(batches[-1]) < self.world_size:
+            batches[-2].extend(batches.pop())
         if self.shuffle:
             random.Random(f"{self.seed}/pool/{self.pool_no}").shuffle(batches)
         self._pool = batches

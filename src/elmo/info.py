@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from .bilm import BiLM
+from .weights import REGISTRY
+
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("info", help="describe a model (or list the published models)")
@@ -14,12 +17,10 @@ def add_subcommand(sub) -> None:
 
 
 def run(args) -> int:
-    from .weights import REGISTRY
     if args.list:
         for name, entry in REGISTRY.items():
             print(f"{name}\n  {entry['options']}\n  {entry['weights']}")
         return 0
-    from .bilm import BiLM
     model = BiLM.from_pretrained(args.model)
     n = sum(p.numel() for p in model.parameters())
     print(json.dumps({"model": str(args.model), "parameters": n, "output_dim": model.output_dim,

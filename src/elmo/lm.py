@@ -25,9 +25,10 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn as nn
 
-from .bilm import BiLM, State, sequence_dropout
+from .bilm import BiLM, Regularisation, State, sequence_dropout
 from .config import ElmoConfig
-from .data import Batch, Vocabulary, sentences_batch
+from .corpus import Corpus
+from .data import Batch, SentenceBatcher, StreamBatcher, sentences_batch
 from .errors import ElmoError
 from .softmax import (
     AdaptiveSoftmax,
@@ -37,10 +38,14 @@ from .softmax import (
     softmax_from_config,
     softmax_kind,
 )
+from .vocab import Vocabulary
+from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, load_native, save_native
 
 VOCAB_NAME = "vocab.txt"
-LM_CONFIG_NAME = "training.json"  # written by elmo.weights.save_native(extra_config=...)
+LM_CONFIG_NAME = EXTRA_CONFIG_NAME
+DEFAULT_REGULARISATION = Regularisation(dropout=0.1)  # bilm-tf's
 LM_FORMAT = "elmo-lm-1"
+PERPLEXITY_MODES = ("sentence", "stream")
 
 
 @dataclass
@@ -66,25 +71,23 @@ class SentenceScore:
 
 class LanguageModel(nn.Module):
     def __init__(self, config: ElmoConfig, vocab: Vocabulary, softmax: str = "auto",
-                 num_samples: int = 8192, cutoffs: list[int] | None = None, dropout: float = 0.1,
-                 softmax_module: nn.Module | None = None, variational_dropout: bool = False,
-                 weight_drop: float = 0.0) -> None:
+                 num_samples: int = 8192, cutoffs: list[int] | None = None,
+                 regularisation: Regularisation = DEFAULT_REGULARISATION,
+                 softmax_module: nn.Module | None = None) -> None:
         super().__init__()
-        for name, p in (("dropout", dropout), ("weight_drop", weight_drop)):
-            if not 0.0 <= p < 1.0:
-                raise ElmoError(f"{name} must be in [0, 1), got {p}")
         self.config = config
         self.vocab = vocab
-        self.bilm = BiLM(config)
-        self.bilm.dropout = dropout
-        self.bilm.variational_dropout = variational_dropout
-        self.bilm.weight_drop = weight_drop
+        self.bilm = BiLM(config, regularisation=regularisation)
         self.softmax = softmax_module if softmax_module is not None else make_softmax(
             softmax, len(vocab), config.projection_dim, num_samples, cutoffs)
         if self.softmax.vocab_size != len(vocab):
             raise ElmoError(f"softmax has {self.softmax.vocab_size} rows but the vocabulary {len(vocab)} tokens")
 
     # The regularisation lives on the biLM (which applies it inside the stacks); one source of truth.
+    @property
+    def regularisation(self) -> Regularisation:
+        return self.bilm.regularisation
+
     @property
     def dropout(self) -> float:
         return self.bilm.dropout
@@ -118,10 +121,7 @@ class LanguageModel(nn.Module):
         -------
         ``nll (2, B, T)`` (0 at padding) and the final state.
         """
-        pad = token_index < 0
-        emb = self.bilm.encoder.encode_tokens(char_ids)                     # (U, P)
-        x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
-        outs, final = self.bilm.run_stacks(x, lengths, state)
+        outs, final = self.bilm.run_tokens(char_ids, token_index, lengths, state)
         top = outs[-1]
         if self.training and self.dropout > 0:
             top = sequence_dropout(top, self.dropout, self.variational_dropout)
@@ -200,6 +200,23 @@ class LanguageModel(nn.Module):
                 "ppl_forward": math.exp(avg[0]), "ppl_backward": math.exp(avg[1]),
                 "ppl_mean": math.exp(0.5 * (avg[0] + avg[1]))}
 
+    def perplexity(self, files: Sequence[str | Path] | str | Path, mode: str = "sentence",
+                   batch_size: int = 64, unroll: int = 20) -> dict:
+        """Perplexity of both directions on text files (one sentence per line).
+
+        ``mode="sentence"``: every sentence on its own from the zero state, ``batch_size``
+        sentences per batch. ``mode="stream"``: the text as ``batch_size`` contiguous streams cut
+        into ``unroll``-step windows with the state carried (word-level LM papers' protocol;
+        ``batch_size=1`` is one stream). Returns :meth:`evaluate`'s dict.
+        """
+        if mode not in PERPLEXITY_MODES:
+            raise ElmoError(f"perplexity mode must be {' or '.join(PERPLEXITY_MODES)}, got {mode!r}")
+        corpus = Corpus(files, shuffle=False)
+        if mode == "stream":
+            return self.evaluate(StreamBatcher(corpus, self.vocab, batch_size, unroll, contiguous=True),
+                                 stateful=True)
+        return self.evaluate(SentenceBatcher(corpus, self.vocab, batch_size=batch_size, epochs=1, shuffle=False))
+
     # -- saving and loading ----------------------------------------------------------------------
     def lm_config(self) -> dict:
         return {"format": LM_FORMAT, "softmax": softmax_config(self.softmax), "dropout": self.dropout,
@@ -208,7 +225,6 @@ class LanguageModel(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path, extra: dict | None = None) -> Path:
         """Native model dir: the biLM (readable by ``BiLM.from_pretrained``) + softmax + vocab."""
-        from .weights import save_native
         out_dir = Path(out_dir)
         tensors = {f"softmax.{k}": v for k, v in self.softmax.state_dict().items()}
         save_native(self.bilm, out_dir, extra_tensors=tensors, extra_config={**self.lm_config(), **(extra or {})})
@@ -218,7 +234,6 @@ class LanguageModel(nn.Module):
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, dropout: float | None = None) -> "LanguageModel":
         """A whole LM saved by :meth:`save_pretrained`."""
-        from .weights import CONFIG_NAME, load_native
         model_dir = Path(model_dir)
         if not (model_dir / CONFIG_NAME).is_file():
             raise ElmoError(f"{model_dir}: not a native model directory (no {CONFIG_NAME})")
@@ -235,9 +250,9 @@ class LanguageModel(nn.Module):
         vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
         sm = softmax_from_config(meta["softmax"])
-        lm = cls(config, vocab, dropout=meta.get("dropout", 0.1) if dropout is None else dropout,
-                 softmax_module=sm, variational_dropout=bool(meta.get("variational_dropout", False)),
-                 weight_drop=float(meta.get("weight_drop", 0.0)))
+        reg = Regularisation(meta.get("dropout", 0.1) if dropout is None else dropout,
+                             bool(meta.get("variational_dropout", False)), float(meta.get("weight_drop", 0.0)))
+        lm = cls(config, vocab, regularisation=reg, softmax_module=sm)
         extra = load_native(lm.bilm, model_dir)
         sm_state = {k[len("softmax."):]: v for k, v in extra.items() if k.startswith("softmax.")}
         missing = set(lm.softmax.state_dict()) - set(sm_state)
@@ -251,8 +266,8 @@ class LanguageModel(nn.Module):
 
     @classmethod
     def init_from(cls, source: str | Path, vocab: Vocabulary, softmax: str | None = None,
-                  num_samples: int = 8192, dropout: float = 0.1, log=print,
-                  **regularisation) -> "LanguageModel":
+                  num_samples: int = 8192, log=print,
+                  regularisation: Regularisation = DEFAULT_REGULARISATION) -> "LanguageModel":
         """A new LM over ``vocab`` starting from a trained model.
 
         ``source`` is an LM directory (biLM + softmax) or any biLM ``BiLM.from_pretrained`` reads
@@ -261,7 +276,6 @@ class LanguageModel(nn.Module):
         the bias lowered by ``log(n_new + 1)``, so the old model's ``<UNK>`` probability is shared
         out among the new tokens and the new ``<UNK>``.
         """
-        from .weights import CONFIG_NAME
         path = Path(str(source))
         old: LanguageModel | None = None
         if path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file():
@@ -275,8 +289,8 @@ class LanguageModel(nn.Module):
         cutoffs = None
         if old is not None and isinstance(old.softmax, AdaptiveSoftmax) and kind == "adaptive":
             cutoffs = old.softmax.cutoffs
-        lm = cls(bilm.config, vocab, softmax=kind, num_samples=num_samples, cutoffs=cutoffs, dropout=dropout,
-                 **regularisation)
+        lm = cls(bilm.config, vocab, softmax=kind, num_samples=num_samples, cutoffs=cutoffs,
+                 regularisation=regularisation)
         lm.bilm.load_state_dict(bilm.state_dict())
         if old is None:
             log(f"init-from {source}: biLM weights loaded; it has no softmax, a new one is initialised")

@@ -10,11 +10,13 @@ Parameters carry a leading direction axis of size 2 (0 = forward LM, 1 = backwar
 ``bmm`` serves both directions. The backward inputs arrive already reversed per sentence, so
 both directions step through the same positions with the same mask.
 
-:func:`lstm_layer_fast` is the production path: a length-sorted batch that shrinks as rows
-finish, a handful of ops per step. Under autograd it precomputes the input products of all
-steps in one matmul; without autograd (inference) it works in place, time-major, with no
-per-step allocation (see :func:`_lstm_layer_inference`).
-:func:`lstm_reference` is the slow, obviously-correct path it is tested against.
+:func:`lstm_layer` is the production path: a length-sorted batch that shrinks as rows finish, a
+handful of ops per step. Under autograd (:func:`lstm_layer_autograd`) it precomputes the input
+products of all steps in one matmul. Without autograd it works in place, time-major, with no
+per-step allocation, in one of two ways chosen by the layer's width:
+:func:`lstm_inference_fused` (one matmul per step over ``[x_t ; h_{t-1} ; 1]``) or
+:func:`lstm_inference_chunked` (input products of many steps at once).
+:func:`lstm_reference` is the slow, obviously-correct path they are tested against.
 """
 
 from __future__ import annotations
@@ -48,12 +50,18 @@ class BiLstmLayer(nn.Module):
         nn.init.uniform_(self.w_p, -b, b)
         nn.init.zeros_(self.bias)
 
+    def forward(self, x: torch.Tensor, lengths: list[int], c0: torch.Tensor, h0: torch.Tensor,
+                cell_clip: float | None, proj_clip: float | None, w_h: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`lstm_layer` with this layer's weights."""
+        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+
 
 def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
     return x if v is None else x.clamp(-v, v)
 
 
-def lstm_layer_fast(
+def lstm_layer(
     layer: BiLstmLayer,
     x: torch.Tensor,
     lengths: list[int],
@@ -80,12 +88,14 @@ def lstm_layer_fast(
     """
     w_h = layer.w_h if w_h is None else w_h
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
-        return _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
-    return _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+        return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+    if layer.input_dim + layer.projection_dim <= FUSED_MAX_K:
+        return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+    return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
 
 
-def _lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
-    """:func:`lstm_layer_fast` where gradients are needed: out-of-place, autograd-friendly."""
+def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+    """:func:`lstm_layer` where gradients are needed: out-of-place, autograd-friendly."""
     _, B, T, _ = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     # The input half of z for every step at once: the big, efficient matmul.
@@ -131,93 +141,111 @@ FUSED_MAX_K = 512
 INPUT_CHUNK_BYTES = 64 * 2**20
 
 
-def _lstm_layer_inference(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
-    """:func:`lstm_layer_fast` without autograd: the same arithmetic, in place, time-major.
-
-    Each step works on contiguous ``(2, n, .)`` blocks of the n rows still running (the batch is
-    sorted, so they are a prefix); the gates are applied in place, ``h_t`` is written straight
-    into the output, and the next step reads its ``h`` from there. No per-step allocation.
-    """
-    _, B, T, In = x.shape
-    D, P = layer.lstm_dim, layer.projection_dim
-    bias = layer.bias.detach().clone()
-    bias[:, 2 * D:3 * D] += FORGET_BIAS               # sigmoid(f + 1): the 1 folded into the bias
-    n_run, n = [], B                                   # rows still running at each step
+def _running_rows(lengths: list[int], T: int) -> list[int]:
+    """How many rows (a prefix of the length-sorted batch) are still running at each step."""
+    n_run, n = [], len(lengths)
     for t in range(T):
         while n > 0 and lengths[n - 1] <= t:
             n -= 1
         n_run.append(n)
-    c = c0.clone()
-    tanh_c = x.new_empty(2, B, D)
+    return n_run
 
-    def cell(z, n):
-        """Gates of ``z (2, n, 4D)`` in place; updates ``c[:, :n]``; returns o * tanh(c)."""
+
+class _Cell:
+    """The gates of one step, in place: ``c`` is updated for the first n rows, and
+    ``o * tanh(c)`` is returned (a view of a reused buffer)."""
+
+    def __init__(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None) -> None:
+        self.D, self.cell_clip = layer.lstm_dim, cell_clip
+        self.c = c0.clone()
+        self.tanh_c = c0.new_empty(c0.shape)
+
+    def __call__(self, z: torch.Tensor, n: int) -> torch.Tensor:
+        D = self.D
         i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
         i.sigmoid_()
         z[..., 2 * D:].sigmoid_()                      # f and o together
         j.tanh_()
-        c_n = c[:, :n]
+        c_n = self.c[:, :n]
         c_n.mul_(f).addcmul_(i, j)
-        if cell_clip is not None:
-            c_n.clamp_(-cell_clip, cell_clip)
-        return torch.tanh(c_n, out=tanh_c[:, :n]).mul_(o)
+        if self.cell_clip is not None:
+            c_n.clamp_(-self.cell_clip, self.cell_clip)
+        return torch.tanh(c_n, out=self.tanh_c[:, :n]).mul_(o)
 
-    if In + P <= FUSED_MAX_K:
-        # xh[:, t] = [x_t ; h_{t-1} ; 1]; step t writes h_t into xh[:, t + 1].
-        K = In + P + 1
-        w = torch.cat([layer.w_x, w_h, bias.unsqueeze(1)], dim=1)   # (2, K, 4D)
-        xh = x.new_zeros(2, T + 1, B, K)
-        xh[:, :T, :, :In] = x.transpose(1, 2)
-        xh[:, 0, :, In:In + P] = h0
-        xh[..., In + P] = 1.0
-        z_buf = x.new_empty(2, B, 4 * D)
-        for t in range(T):
+
+def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
+    bias = layer.bias.detach().clone()
+    bias[:, 2 * layer.lstm_dim:3 * layer.lstm_dim] += FORGET_BIAS   # sigmoid(f + 1): the 1 in the bias
+    return bias
+
+
+def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+    """:func:`lstm_layer` without autograd, for narrow layers: one matmul per step over
+    ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row); step t writes ``h_t``
+    straight into ``xh[:, t + 1]``, where the next step reads it."""
+    _, B, T, In = x.shape
+    D, P = layer.lstm_dim, layer.projection_dim
+    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
+    K = In + P + 1
+    w = torch.cat([layer.w_x, w_h, _folded_bias(layer).unsqueeze(1)], dim=1)   # (2, K, 4D)
+    xh = x.new_zeros(2, T + 1, B, K)
+    xh[:, :T, :, :In] = x.transpose(1, 2)
+    xh[:, 0, :, In:In + P] = h0
+    xh[..., In + P] = 1.0
+    z_buf = x.new_empty(2, B, 4 * D)
+    for t in range(T):
+        n = n_run[t]
+        if n == 0:
+            break
+        z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
+        h = xh[:, t + 1, :n, In:In + P]
+        torch.bmm(cell(z, n), layer.w_p, out=h)
+        if proj_clip is not None:
+            h.clamp_(-proj_clip, proj_clip)
+    hs = xh[..., In:In + P]                            # (2, T + 1, B, P): h0, h_1, ..., zeros past the end
+    L = torch.tensor(lengths, device=x.device).clamp(max=T)
+    h_final = hs[:, L, torch.arange(B, device=x.device)]   # a row of length L has its final h at slot L
+    return hs[:, 1:].transpose(1, 2), cell.c, h_final
+
+
+def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+    """:func:`lstm_layer` without autograd, for wide layers: the input products of a chunk of
+    steps (``INPUT_CHUNK_BYTES`` of them) in one matmul, then ``h_{t-1} W_h`` added per step."""
+    _, B, T, In = x.shape
+    D, P = layer.lstm_dim, layer.projection_dim
+    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
+    xt = x.transpose(1, 2)                             # (2, T, B, in), a view
+    out = x.new_zeros(2, T, B, P)
+    h = h0
+    chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
+    # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul. Both buffers
+    # are reused from chunk to chunk (no fresh 64 MB allocation per chunk).
+    w = torch.cat([layer.w_x, _folded_bias(layer).unsqueeze(1)], dim=1)   # (2, in + 1, 4D)
+    x1 = x.new_empty(2, min(chunk, T) * B, In + 1)
+    x1[..., In] = 1.0
+    xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D)
+    for t0 in range(0, T, chunk):
+        n0 = n_run[t0]
+        if n0 == 0:
+            break
+        t1 = min(T, t0 + chunk)
+        M = (t1 - t0) * n0
+        x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
+        xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
+        for t in range(t0, t1):
             n = n_run[t]
             if n == 0:
                 break
-            z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
-            h = xh[:, t + 1, :n, In:In + P]
+            z = xw[:, t - t0, :n]
+            z.baddbmm_(h[:, :n], w_h)
+            h = out[:, t, :n]
             torch.bmm(cell(z, n), layer.w_p, out=h)
             if proj_clip is not None:
                 h.clamp_(-proj_clip, proj_clip)
-        hs = xh[..., In:In + P]                        # (2, T + 1, B, P): h0, h_1, ..., zeros past the end
-        out = hs[:, 1:]
-    else:
-        xt = x.transpose(1, 2)                         # (2, T, B, in), a view
-        out = x.new_zeros(2, T, B, P)
-        h = h0
-        chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
-        # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul. Both
-        # buffers are reused from chunk to chunk (no fresh 64 MB allocation per chunk).
-        w = torch.cat([layer.w_x, bias.unsqueeze(1)], dim=1)            # (2, in + 1, 4D)
-        x1 = x.new_empty(2, min(chunk, T) * B, In + 1)
-        x1[..., In] = 1.0
-        xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D)
-        for t0 in range(0, T, chunk):
-            n0 = n_run[t0]
-            if n0 == 0:
-                break
-            t1 = min(T, t0 + chunk)
-            M = (t1 - t0) * n0
-            x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
-            xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
-            for t in range(t0, t1):
-                n = n_run[t]
-                if n == 0:
-                    break
-                z = xw[:, t - t0, :n]
-                z.baddbmm_(h[:, :n], w_h)
-                h = out[:, t, :n]
-                torch.bmm(cell(z, n), layer.w_p, out=h)
-                if proj_clip is not None:
-                    h.clamp_(-proj_clip, proj_clip)
     L = torch.tensor(lengths, device=x.device).clamp(max=T)
     rows = torch.arange(B, device=x.device)
-    if In + P <= FUSED_MAX_K:
-        h_final = hs[:, L, rows]                       # a row of length L has its final h at slot L
-    else:
-        h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
-    return out.transpose(1, 2), c, h_final
+    h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
+    return out.transpose(1, 2), cell.c, h_final
 
 
 def lstm_reference(

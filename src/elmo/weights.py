@@ -35,6 +35,7 @@ from .fileio import atomic_path
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+EXTRA_CONFIG_NAME = "training.json"  # what a model dir holds beyond the biLM (an LM's softmax, vocab)
 
 _S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
 REGISTRY: dict[str, dict[str, str | None]] = {
@@ -168,7 +169,7 @@ def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor
     with atomic_path(out_dir / CONFIG_NAME) as tmp:
         bilm.config.to_json_file(tmp)
     if extra_config:
-        with atomic_path(out_dir / "training.json") as tmp:
+        with atomic_path(out_dir / EXTRA_CONFIG_NAME) as tmp:
             tmp.write_text(json.dumps(extra_config, indent=2) + "\n")
     return out_dir
 

@@ -1,0 +1,41 @@
+"""``elmo perplexity``: the command line over :meth:`elmo.lm.LanguageModel.perplexity`."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .fileio import atomic_path
+from .lm import PERPLEXITY_MODES, LanguageModel
+from .corpus import expand_files
+
+
+def _run_perplexity(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = LanguageModel.from_pretrained(args.model)
+    files = expand_files(args.files)
+    r = lm.perplexity(files, args.mode, batch_size=args.batch_size, unroll=args.unroll)
+    r = {"model": str(args.model), "files": [str(f) for f in files], "mode": args.mode,
+         "params": lm.num_parameters(), **r}
+    text = json.dumps(r, indent=2)
+    print(text)
+    if args.json:
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(text + "\n")
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("perplexity", help="perplexity of an LM on text (both directions)")
+    p.add_argument("model", help="an LM directory written by elmo train (e.g. RUN/best)")
+    p.add_argument("files", nargs="+", help="files or globs, one sentence per line")
+    p.add_argument("--mode", choices=PERPLEXITY_MODES, default="sentence",
+                   help="sentence: each sentence from a zero state; stream: the text as contiguous "
+                        "streams with carried state (as word-level LM papers)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences (sentence) or streams (stream)")
+    p.add_argument("--unroll", type=int, default=20)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None, help="also write the result to this file")
+    p.set_defaults(func=_run_perplexity)

@@ -1,0 +1,171 @@
+"""The training checkpoint: one file that holds everything a run needs to continue exactly.
+
+``RUN/checkpoint.pt`` (``torch.save`` of a dict, replaced atomically)::
+
+    version          1
+    config           the TrainConfig as a dict (resuming needs nothing else)
+    model_options    the biLM's published options; cutoffs: the adaptive softmax's, or None
+    model            the LM's state dict; optimizer: the optimizer's
+    data             the batcher's position (see elmo.data)
+    lstm_state       the carried LSTM state of all global rows, per layer (c, h), or None
+    rng              per rank: torch, python and CUDA generator states
+    world_size       ranks that wrote it
+    step, tokens_seen, elapsed, best, bad_evals, lr_scale     see Progress
+
+``RUN/checkpoints/step-NNNNNNNN.pt`` keeps the last few (``keep_checkpoints``) for averaging.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ElmoConfig
+from ..errors import ElmoError
+from ..fileio import atomic_path
+from ..lm import LanguageModel
+from ..vocab import Vocabulary
+from .config import RESUME_OVERRIDABLE, TrainConfig
+
+CHECKPOINT_NAME = "checkpoint.pt"
+KEPT_DIR = "checkpoints"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = {"model", "model_options", "config"}
+
+
+@dataclass
+class Progress:
+    """Where a run stands, and its early-stopping and lr-decay bookkeeping."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    elapsed: float = 0.0
+    best: float = math.inf          # best mean validation perplexity
+    bad_evals: int = 0              # validations since the best one
+    lr_scale: float = 1.0           # product of lr decays so far
+
+
+def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, optimizer: torch.optim.Optimizer,
+                    data_state: dict, lstm_state: list | None, rng: list[dict], world_size: int) -> dict:
+    return {
+        "version": FORMAT_VERSION, "config": asdict(cfg), "step": progress.step,
+        "tokens_seen": progress.tokens_seen, "elapsed": progress.elapsed, "world_size": world_size,
+        "model": lm.state_dict(), "optimizer": optimizer.state_dict(), "data": data_state,
+        "lstm_state": lstm_state, "rng": rng, "best": progress.best, "bad_evals": progress.bad_evals,
+        "lr_scale": progress.lr_scale, "model_options": lm.bilm.config.to_options(),
+        "cutoffs": getattr(lm.softmax, "cutoffs", None),
+    }
+
+
+def save_checkpoint(ckpt: dict, out_dir: str | Path) -> Path:
+    """Write ``out_dir/checkpoint.pt`` atomically: a kill leaves the previous one intact."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    with atomic_path(path) as tmp:
+        torch.save(ckpt, tmp)
+    return path
+
+
+def keep_checkpoint(out_dir: str | Path, step: int, keep: int) -> Path:
+    """Keep the checkpoint just written as ``checkpoints/step-N.pt``, then drop all but the last
+    ``keep``. A hard link, not a copy: the next save replaces the name checkpoint.pt, not the file."""
+    out_dir = Path(out_dir)
+    kept = out_dir / KEPT_DIR
+    kept.mkdir(exist_ok=True)
+    name = kept / f"step-{step:08d}.pt"
+    name.unlink(missing_ok=True)  # a resumed run rewrites the steps after its checkpoint
+    try:
+        os.link(out_dir / CHECKPOINT_NAME, name)
+    except OSError:  # a file system without hard links
+        with atomic_path(name) as tmp:
+            tmp.write_bytes((out_dir / CHECKPOINT_NAME).read_bytes())
+    for old in sorted(kept.glob("step-*.pt"))[:-keep]:
+        old.unlink()
+    return name
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint as written by :func:`save_checkpoint`; anything else is an :class:`ElmoError`."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a checkpoint is only ever replaced atomically, so this is a foreign file
+        raise ElmoError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or not REQUIRED_KEYS <= set(ckpt):
+        raise ElmoError(f"{path}: not an elmo training checkpoint")
+    return ckpt
+
+
+def resume_point(out_dir: str | Path | None, settings: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:
+    """The configuration of a run resumed from ``out_dir/checkpoint.pt``, and that checkpoint.
+
+    Everything comes from the checkpoint except the :data:`RESUME_OVERRIDABLE` fields of
+    ``settings``. Without a checkpoint (a first run under ``--resume``), ``settings`` as given and None.
+    """
+    path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
+    if path is None or not path.is_file():
+        return settings, None
+    ckpt = load_checkpoint(path)
+    return {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}, ckpt
+
+
+def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher) -> Progress:
+    """Load the model, optimizer and data position; returns the run's progress."""
+    lm.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    batcher.load_state_dict(ckpt["data"])
+    return Progress(ckpt["step"], ckpt["tokens_seen"], ckpt["elapsed"], ckpt["best"], ckpt["bad_evals"],
+                    ckpt["lr_scale"])
+
+
+def rng_state(device: torch.device) -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng(ckpt: dict, rank: int, world_size: int, device: torch.device) -> bool:
+    """Set this rank's generators as the checkpoint saved them; False if it was written by
+    another number of ranks (the caller reseeds)."""
+    if ckpt["world_size"] != world_size:
+        return False
+    mine = ckpt["rng"][rank]
+    torch.set_rng_state(mine["torch"])
+    random.setstate(mine["python"])
+    if mine.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda"], device)
+    return True
+
+
+def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,
+                       load_weights: bool = True) -> LanguageModel:
+    """The LM of a checkpoint, built as its run built it; ``vocab`` defaults to the run's vocabulary file."""
+    if not isinstance(ckpt, dict) or not REQUIRED_KEYS <= set(ckpt):
+        raise ElmoError(f"{path}: not an elmo training checkpoint")
+    cfg = TrainConfig.from_dict(ckpt["config"], str(path))
+    if vocab is None:
+        if not Path(cfg.vocab or "").is_file():
+            raise ElmoError(f"{path}: its vocabulary {cfg.vocab} (from the run's config) is missing")
+        vocab = Vocabulary.from_file(cfg.vocab)
+    lm = LanguageModel(ElmoConfig.from_options(ckpt["model_options"], str(path)), vocab, softmax=cfg.softmax,
+                       num_samples=cfg.num_samples, cutoffs=ckpt.get("cutoffs"),
+                       regularisation=cfg.regularisation())
+    if load_weights:
+        try:
+            lm.load_state_dict(ckpt["model"])
+        except RuntimeError as e:
+            raise ElmoError(f"{path}: parameters do not fit the checkpoint's own config ({e})") from None
+    return lm
+
+
+def load_lm(source: str | Path) -> LanguageModel:
+    """An LM from an LM directory (``save_pretrained``) or a training checkpoint file."""
+    path = Path(source)
+    if path.is_dir():
+        return LanguageModel.from_pretrained(path)
+    if not path.is_file():
+        raise ElmoError(f"{path}: no such LM directory or checkpoint")
+    return lm_from_checkpoint(load_checkpoint(path), path)

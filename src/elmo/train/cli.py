@@ -1,0 +1,128 @@
+"""``elmo train``: the command line over :func:`elmo.train.train`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ElmoError
+from .checkpoint import resume_point
+from .config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
+from .trainer import train
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    S = argparse.SUPPRESS
+    d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    g = p.add_argument_group("data")
+    g.add_argument("--train", nargs="+", default=S, metavar="FILE", help="training corpus files or globs")
+    g.add_argument("--valid", nargs="+", default=S, metavar="FILE", help="validation files")
+    g.add_argument("--vocab", default=S, help="vocabulary file (default: built from --train into OUT/vocab.txt)")
+    g.add_argument("--out", dest="out_dir", default=S, help="run directory")
+    g.add_argument("--config", default=S, help="a JSON file of TrainConfig fields (flags override it)")
+    g.add_argument("--batching", choices=["stream", "sentence"], default=S, help=f"default {d['batching']}")
+    g.add_argument("--batch-size", type=int, default=S, help=f"global rows/sentences per step (default {d['batch_size']})")
+    g.add_argument("--batch-tokens", type=int, default=S, help="global tokens per step (instead of --batch-size)")
+    g.add_argument("--unroll", type=int, default=S, help=f"BPTT window (default {d['unroll']})")
+    g.add_argument("--state-reset", type=float, default=S,
+                   help="stream batching: probability per row and window of restarting from the zero "
+                        "state (default 0, the original; >0 keeps the LM sane from a zero state)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=S, help=f"preset ({', '.join(TRAIN_PRESETS)}) or options.json "
+                                              f"(default {d['model']})")
+    g.add_argument("--softmax", choices=SOFTMAX_CHOICES, default=S)
+    g.add_argument("--num-samples", type=int, default=S, help=f"sampled softmax negatives (default {d['num_samples']})")
+    g.add_argument("--dropout", type=float, default=S, help=f"default {d['dropout']}")
+    g.add_argument("--variational-dropout", action="store_true", default=S,
+                   help="one dropout mask per window, shared over time (default: a mask per step)")
+    g.add_argument("--weight-drop", type=float, default=S,
+                   help="DropConnect on the LSTM recurrent matrices, as AWD-LSTM (default 0)")
+    g.add_argument("--init-from", default=S, help="start from this model (LM dir, native or published biLM)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S)
+    g.add_argument("--lr", type=float, default=S, help="default 0.2 adagrad, 1e-3 adam, 1.0 sgd")
+    g.add_argument("--lr-decay", type=float, default=S, help="lr factor when validation does not improve")
+    g.add_argument("--lr-schedule", choices=["constant", "linear", "cosine"], default=S,
+                   help="decay the lr to 0 at --max-steps (default constant)")
+    g.add_argument("--warmup-steps", type=int, default=S, help="linear lr warm-up (default 0)")
+    g.add_argument("--weight-decay", type=float, default=S)
+    g.add_argument("--clip-norm", type=float, default=S, help=f"default {d['clip_norm']}")
+    g.add_argument("--grad-accum", type=int, default=S)
+    g.add_argument("--bf16", action="store_true", default=S, help="bfloat16 autocast")
+    g.add_argument("--seed", type=int, default=S)
+    g.add_argument("--max-steps", type=int, default=S)
+    g.add_argument("--epochs", type=int, default=S)
+    g = p.add_argument_group("run")
+    g.add_argument("--log-every", type=int, default=S)
+    g.add_argument("--eval-every", type=int, default=S)
+    g.add_argument("--eval-mode", choices=["sentence", "stream"], default=S)
+    g.add_argument("--eval-batch-size", type=int, default=S)
+    g.add_argument("--checkpoint-every", type=int, default=S)
+    g.add_argument("--keep-checkpoints", type=int, default=S, metavar="N",
+                   help="also keep the last N checkpoints in OUT/checkpoints/ (to average with elmo average)")
+    g.add_argument("--patience", type=int, default=S, help="early stopping after N evaluations without improvement")
+    g.add_argument("--threads", type=int, default=S)
+    g.add_argument("--device", default=S, help="auto, cpu, cuda, cuda:1 ...")
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=S)
+    g.add_argument("--resume", action="store_true", default=S,
+                   help="continue from OUT/checkpoint.pt if there is one (else start)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    base: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        try:
+            base = json.loads(Path(args.config).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ElmoError(f"{args.config}: cannot read train config ({e})") from None
+    merged = {**base, **given}
+    out = merged.get("out_dir")
+    if merged.get("resume") and out and (Path(out) / CHECKPOINT_NAME).is_file():
+        # Everything else comes from the checkpoint; keep only the overridable flags given.
+        saved = _load_checkpoint(Path(out) / CHECKPOINT_NAME)["config"]
+        merged = {**saved, **{k: v for k, v in merged.items() if k in RESUME_OVERRIDABLE}}
+    if "out_dir" not in merged:
+        raise ElmoError("--out is required")
+    if "train" not in merged:
+        raise ElmoError("--train is required")
+    return TrainConfig.from_dict(merged, args.config if getattr(args, "config", None) else "elmo train")
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig fields of ``--config FILE`` with the flags given on top."""
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    base: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        try:
+            base = json.loads(Path(args.config).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ElmoError(f"{args.config}: cannot read train config ({e})") from None
+    return {**base, **given}
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict | None]:
+    """The run's configuration and, when resuming, the checkpoint it continues (read once here)."""
+    settings, ckpt = settings_from_args(args), None
+    if settings.get("resume"):
+        settings, ckpt = resume_point(settings.get("out_dir"), settings)
+    if "out_dir" not in settings:
+        raise ElmoError("--out is required")
+    if "train" not in settings:
+        raise ElmoError("--train is required")
+    return TrainConfig.from_dict(settings, args.config if getattr(args, "config", None) else "elmo train"), ckpt
+
+
+def _run_train(args) -> int:
+    cfg, ckpt = config_from_args(args)
+    train(cfg, resume_from=ckpt)
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("train", help="train a biLM (torchrun for many processes)")
+    _add_train_args(p)
+    p.set_defaults(func=_run_train)

@@ -1,0 +1,76 @@
+"""One process or many under ``torchrun``: the rank layout, the device, and the collectives a
+checkpoint needs (gloo on CPU, nccl on GPU)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import rng_state
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_distributed(device: torch.device) -> DistEnv:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistEnv()
+    env = DistEnv(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return env
+
+
+def pick_device(spec: str, local_rank: int) -> torch.device:
+    """``auto``: this rank's GPU if there is one, else the CPU; ``cuda`` without an index: this rank's GPU."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    d = torch.device(spec)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    return d
+
+
+def gather_lstm_state(state: list[tuple[torch.Tensor, torch.Tensor]] | None, env: DistEnv
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The carried state of every global row (each rank holds its own rows), on the CPU."""
+    if state is None:
+        return None
+    if not env.active:
+        return [(c.float().cpu(), h.float().cpu()) for c, h in state]
+    out = []
+    for c, h in state:
+        cs = [torch.empty_like(c) for _ in range(env.world_size)]
+        hs = [torch.empty_like(h) for _ in range(env.world_size)]
+        dist.all_gather(cs, c.contiguous())
+        dist.all_gather(hs, h.contiguous())
+        out.append((torch.cat(cs, 1).float().cpu(), torch.cat(hs, 1).float().cpu()))
+    return out
+
+
+def gather_rng(env: DistEnv, device: torch.device) -> list[dict]:
+    """Every rank's generator states, in rank order."""
+    mine = rng_state(device)
+    if not env.active:
+        return [mine]
+    allr: list = [None] * env.world_size
+    dist.all_gather_object(allr, mine)
+    return allr

@@ -1,0 +1,273 @@
+"""The training loop: build the LM, step, validate, checkpoint (see :mod:`elmo.train`)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..corpus import Corpus
+from ..data import SentenceBatcher, StreamBatcher
+from ..errors import ElmoError
+from ..fileio import atomic_path
+from ..lm import LanguageModel
+from ..softmax import AdaptiveSoftmax, softmax_kind
+from ..vocab import Vocabulary
+from . import checkpoint as ckpt_io
+from .config import MAX_GRAD_ACCUM, TrainConfig
+from .distributed import DistEnv, gather_lstm_state, gather_rng, pick_device, setup_distributed
+from .loop import run_loop
+from .metrics import MetricsLog
+
+TRAIN_CONFIG_NAME = "train_config.json"
+
+
+def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=cfg.learning_rate, initial_accumulator_value=cfg.adagrad_init,
+                                   weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+
+def make_batcher(cfg: TrainConfig, vocab: Vocabulary, env: DistEnv) -> StreamBatcher | SentenceBatcher:
+    corpus = Corpus(cfg.train, shuffle=True, seed=cfg.seed, block_lines=cfg.block_lines)
+    if cfg.batching == "stream":
+        rows = cfg.batch_size if cfg.batch_size is not None else max(1, cfg.batch_tokens // cfg.unroll)
+        if rows % env.world_size:
+            raise ElmoError(f"stream batching: {rows} rows cannot be split evenly over "
+                            f"{env.world_size} ranks")
+        return StreamBatcher(corpus, vocab, rows, cfg.unroll, env.rank, env.world_size, cfg.epochs)
+    return SentenceBatcher(corpus, vocab, cfg.batch_size, cfg.batch_tokens, env.rank, env.world_size,
+                           cfg.epochs, shuffle=True, seed=cfg.seed)
+
+
+def build_lm(cfg: TrainConfig, vocab: Vocabulary, log: Callable[[str], None]) -> LanguageModel:
+    """A new LM per ``cfg``: fresh, or started from ``cfg.init_from``."""
+    softmax = None if cfg.softmax == "auto" else cfg.softmax
+    if cfg.init_from:
+        return LanguageModel.init_from(cfg.init_from, vocab, softmax=softmax, num_samples=cfg.num_samples,
+                                       log=log, regularisation=cfg.regularisation())
+    return LanguageModel(cfg.model_config(), vocab, softmax=cfg.softmax, num_samples=cfg.num_samples,
+                         regularisation=cfg.regularisation())
+
+
+def micro_seed(base: int, step: int, micro: int) -> int:
+    """The seed of micro-batch ``micro`` of a step: the same on every rank and after a resume, and
+    distinct for every (step, micro) since ``micro < MAX_GRAD_ACCUM``."""
+    return (base + step * MAX_GRAD_ACCUM + micro) % (2**63)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None,
+                 resume_from: dict | None = None) -> None:
+        """``resume_from``: the checkpoint ``cfg`` was merged with (:func:`checkpoint.resume_point`)."""
+        self.cfg, self.out, self.resumed = cfg, Path(cfg.out_dir), resume_from
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+        self.env = setup_distributed(self.device)
+        self._log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        if cfg.vocab is None:  # built from the training corpus, identically on every rank
+            vocab = Vocabulary.build(cfg.train)
+            cfg.vocab = str(self.out / "vocab.txt")
+            if self.env.is_main:
+                vocab.save(cfg.vocab)
+        self.vocab = Vocabulary.from_file(cfg.vocab)
+        torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
+        if resume_from is not None:
+            self.lm = ckpt_io.lm_from_checkpoint(resume_from, self.out / ckpt_io.CHECKPOINT_NAME, self.vocab,
+                                                 load_weights=False)
+        else:
+            self.lm = build_lm(cfg, self.vocab, self.log)
+        cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
+        self.lm.to(self.device)
+        self.optimizer = make_optimizer(cfg, self.lm.parameters())
+        self.batcher = make_batcher(cfg, self.vocab, self.env)
+        self.state = None            # carried LSTM state (stream batching)
+        self.progress = ckpt_io.Progress()
+        self.last_checkpoint_step: int | None = None
+        if resume_from is not None:
+            self._restore(resume_from)
+        else:
+            torch.manual_seed(cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
+        self.model: torch.nn.Module = self.lm
+        if self.env.active:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.model = DDP(self.lm, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                             # the adaptive softmax skips the tail clusters no target falls in
+                             find_unused_parameters=isinstance(self.lm.softmax, AdaptiveSoftmax))
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    def log(self, msg: str) -> None:
+        if self.env.is_main:
+            self._log(msg)
+
+    def evaluate(self) -> dict:
+        """Validation perplexity (``cfg.eval_mode``) of the current model."""
+        cfg = self.cfg
+        return self.lm.perplexity(cfg.valid, cfg.eval_mode, batch_size=cfg.eval_batch_size, unroll=cfg.unroll)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        state = gather_lstm_state(self.state, self.env)
+        rng = gather_rng(self.env, self.device)
+        self.last_checkpoint_step = self.step  # on every rank: they must agree on collectives
+        if not self.env.is_main:
+            return
+        ckpt = ckpt_io.make_checkpoint(self.cfg, self.progress, self.lm, self.optimizer, self.batcher.state_dict(),
+                                       state, rng, self.env.world_size)
+        ckpt_io.save_checkpoint(ckpt, self.out)
+        if self.cfg.keep_checkpoints:
+            ckpt_io.keep_checkpoint(self.out, self.step, self.cfg.keep_checkpoints)
+
+    def _restore(self, ckpt: dict) -> None:
+        self.progress = ckpt_io.restore(ckpt, self.lm, self.optimizer, self.batcher)
+        self.last_checkpoint_step = self.step
+        if ckpt["lstm_state"] is not None:
+            rows = self.batcher.rows
+            self.state = [(c[:, rows.start:rows.stop].to(self.device), h[:, rows.start:rows.stop].to(self.device))
+                          for c, h in ckpt["lstm_state"]]
+        if not ckpt_io.restore_rng(ckpt, self.env.rank, self.env.world_size, self.device):
+            self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
+                     f"{self.env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
+            torch.manual_seed(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
+        self._set_lr()
+        self.log(f"resumed from {self.out / ckpt_io.CHECKPOINT_NAME} at step {self.step}")
+
+    def _set_lr(self) -> None:
+        lr = self.cfg.learning_rate * self.progress.lr_scale * self.cfg.lr_factor(self.step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    # -- one step --------------------------------------------------------------------------------
+    def _next_micro_batches(self) -> list | None:
+        out = []
+        for _ in range(self.cfg.grad_accum):
+            try:
+                out.append(next(self.batcher))
+            except StopIteration:
+                break
+        return out or None
+
+    def train_step(self, micro: list) -> tuple[float, int]:
+        """One optimizer step over ``micro`` batches; returns (global loss, global targets)."""
+        cfg, env = self.cfg, self.env
+        n_global = sum(b.global_targets for b in micro)
+        local = torch.zeros(2, dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+        for i, b in enumerate(micro):
+            b = b.to(self.device)
+            if cfg.state_reset > 0 and self.state is not None:
+                self._reset_some_rows(i)
+            sampler = torch.Generator().manual_seed(micro_seed(cfg.seed * 1_000_003, self.step, i))
+            sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
+            with sync:
+                with autocast:
+                    sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler)
+                loss = 0.5 * sums.float().sum() * (env.world_size / n_global)
+                loss.backward()
+            local += sums.detach().double().cpu()
+            if cfg.batching == "stream":
+                self.state = [(c.detach().float(), h.detach().float()) for c, h in final]
+        if env.active:
+            dist.all_reduce(local)
+        loss_value = 0.5 * float(local.sum()) / n_global
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.lm.parameters(), cfg.clip_norm)
+        if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
+            self._diverged(loss_value, float(grad_norm))
+        self._set_lr()
+        self.optimizer.step()
+        return loss_value, n_global
+
+    def _diverged(self, loss: float, grad_norm: float) -> None:
+        where = (f"the last good checkpoint is {self.out / ckpt_io.CHECKPOINT_NAME} (step "
+                 f"{self.last_checkpoint_step})" if self.last_checkpoint_step is not None
+                 else "no checkpoint was written yet")
+        what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
+        raise ElmoError(f"training stopped: the {what} is {value} at step {self.step + 1}; {where}. Lower the "
+                        "learning rate (--lr) or resume from the checkpoint with --resume")
+
+    def _reset_some_rows(self, micro: int) -> None:
+        # The same draw on every rank (over the global rows) and after a resume.
+        g = torch.Generator().manual_seed(micro_seed(self.cfg.seed * 7_919 + 1, self.step, micro))
+        rows = self.batcher.rows
+        keep = (torch.rand(self.batcher.batch_size, generator=g) >= self.cfg.state_reset)[rows.start:rows.stop]
+        keep = keep.to(self.device).view(1, -1, 1)
+        self.state = [(c * keep, h * keep) for c, h in self.state]
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> dict:
+        return run_loop(self)
+
+    def validate(self, metrics: MetricsLog | None) -> dict | None:
+        """Validation on rank 0 (best model saved, lr decayed), its bookkeeping broadcast to all."""
+        p, result = self.progress, None
+        if self.env.is_main:
+            t0 = time.perf_counter()
+            r = self.evaluate()
+            result = {"step": self.step, "valid_ppl_forward": r["ppl_forward"], "valid_ppl_backward": r["ppl_backward"],
+                      "valid_ppl_mean": r["ppl_mean"], "valid_tokens": r["tokens"],
+                      "valid_seconds": round(time.perf_counter() - t0, 1)}
+            metrics.record(result)
+            self.log(f"step {self.step} validation ppl forward {r['ppl_forward']:.2f} backward "
+                     f"{r['ppl_backward']:.2f} mean {r['ppl_mean']:.2f}")
+            if r["ppl_mean"] < p.best:
+                p.best, p.bad_evals = r["ppl_mean"], 0
+                self.lm.save_pretrained(self.out / "best", extra={"train": {"steps": self.step, "valid": result}})
+            else:
+                p.bad_evals += 1
+                if self.cfg.lr_decay < 1.0:
+                    p.lr_scale *= self.cfg.lr_decay
+                    self.log(f"validation did not improve: lr x {self.cfg.lr_decay} -> "
+                             f"{self.cfg.learning_rate * p.lr_scale:.3g}")
+        if self.env.active:
+            obj = [(p.best, p.bad_evals, p.lr_scale)]
+            dist.broadcast_object_list(obj, src=0)
+            p.best, p.bad_evals, p.lr_scale = obj[0]
+        self._set_lr()
+        return result
+
+    def write_config(self) -> None:
+        if self.env.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with atomic_path(self.out / TRAIN_CONFIG_NAME) as tmp:
+                tmp.write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_from: dict | None = None) -> dict:
+    """Train (or, with ``cfg.resume``, resume) per ``cfg``; returns a summary. Call from every rank
+    under torchrun. ``resume_from``: the checkpoint, when the caller has read it already (then
+    ``cfg`` must be :func:`checkpoint.resume_point`'s configuration)."""
+    if cfg.resume and resume_from is None:
+        settings, resume_from = ckpt_io.resume_point(cfg.out_dir, asdict(cfg))
+        if resume_from is not None:
+            cfg = TrainConfig.from_dict(settings, str(Path(cfg.out_dir) / ckpt_io.CHECKPOINT_NAME))
+    trainer = Trainer(cfg, log, resume_from)
+    distributed = trainer.env.active
+    try:
+        return trainer.run()
+    finally:
+        if distributed and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()  # rank 0 writes the model dirs last
+            # The DDP reducer holds the process group: free it now, not at interpreter shutdown,
+            # where gloo's threads can be torn down unjoined (a SIGABRT after a finished run).
+            del trainer
+            gc.collect()
+            dist.destroy_process_group()
