@@ -27,6 +27,21 @@ EVAL = ("data", "wsd", "raganato-eval", "Evaluation_Datasets")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(autouse=True)
+def _probe_cache_in_tmp(monkeypatch, tmp_path_factory):
+    # `elmo probe` without --cache writes to $ELMO_PROBE_CACHE or ~/.cache: never the real home in tests.
+    monkeypatch.setenv("ELMO_PROBE_CACHE", str(tmp_path_factory.mktemp("probe-cache")))
+
+
+def tiny_deep_model(n_layers=5):
+    """A random biLM with E0 .. E{n_layers}: deeper than the fixtures (2 LSTM layers)."""
+    from elmo import BiLM, ElmoConfig
+    torch.manual_seed(0)
+    cfg = ElmoConfig(lstm_dim=12, projection_dim=5, char_embed_dim=3, n_highway=1,
+                     filters=[[1, 4], [2, 4], [3, 6]], n_layers=n_layers)
+    return BiLM(cfg).eval()
+
+
 # -- readers -------------------------------------------------------------------------------------
 
 def test_conllu_counts_match_the_release():
@@ -341,3 +356,109 @@ def test_ner_tagger_is_not_stopped_before_min_epochs():
     cfg = TaggerConfig(hidden=8, max_epochs=12, patience=2, min_epochs=7, n_boot=10)
     _, info = train_tagger(data(40, 10, 25), data(20, 10, 0), labels, cfg, log=lambda m: None)
     assert info["dev_f1"] == 0.0 and info["epochs"] == 7
+
+
+# -- deeper models, the cache folder, --out, the report's orderings, the static corpus ---------------
+
+def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):
+    # Layer names used to stop at E4: a biLM with 5 LSTM layers (E0 .. E5) raised IndexError.
+    from elmo.probe.pos import ProbeConfig, run_pos
+    from elmo.probe.report import render, summarize_pos, summarize_wsd
+    from elmo.probe.wsd import read_raganato, read_sense_index, run_wsd
+    model = tiny_deep_model(5)
+    names = [f"E{k}" for k in range(6)]
+    sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 60), ("dev", 20), ("test", 20))]
+    feats = [extract(model, [s.tokens for s in ss], tmp_path, name=n, progress=False)
+             for ss, n in zip(sets, ("train", "dev", "test"))]
+    assert feats[0].num_layers == 6
+    pos = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), ProbeConfig(max_epochs=2, n_boot=20),
+                  log=lambda m: None)
+    assert list(pos["layers"]) == names and len(pos["mix"]["weights"]) == 6
+    d = ("data", "wsd", "semcor")
+    sc = read_raganato(shared_path(*d, "semcor.data.xml.gz"), shared_path(*d, "semcor.gold.key.txt.gz"),
+                       limit=200)
+    test = read_raganato(shared_path(*EVAL, "semeval2007", "semeval2007.data.xml"))
+    first = read_sense_index(shared_path("data", "wsd", "wordnet-sense-index", "index.sense"))
+    wsd = run_wsd(sc, extract(model, sc.sentences, tmp_path, spans=sc.spans, progress=False), test,
+                  extract(model, test.sentences, tmp_path, spans=test.spans, progress=False), first,
+                  mix=False, n_boot=20, log=lambda m: None)
+    assert list(wsd["layers"]) == names
+    report = render({"pos": summarize_pos(pos), "wsd": summarize_wsd(wsd)}, tmp_path / "out").read_text()
+    for head in ("## POS", "## WSD"):
+        section = report.split(head)[1].split("## ")[0]
+        assert all(f"| {n} |" in section for n in names), section
+    assert (tmp_path / "out" / "mix_weights.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_cache_folder_and_required_out(tmp_path, monkeypatch, capsys):
+    from elmo.cli import main
+    from elmo.probe.cli import default_cache_dir
+    model_dir = tmp_path / "model"
+    tiny_deep_model(5).save_pretrained(model_dir)
+    cache, out = tmp_path / "env-cache", tmp_path / "out"
+    monkeypatch.setenv("ELMO_PROBE_CACHE", str(cache))
+    args = ["probe", "pos", "--model", str(model_dir), "--train", str(ewt("train")), "--dev", str(ewt("dev")),
+            "--test", str(ewt("test")), "--limit", "40", "--max-epochs", "1", "--n-boot", "20",
+            "--no-control", "--quiet"]
+    assert main(args + ["--out", str(out)]) == 0
+    # No --cache: the features went to $ELMO_PROBE_CACHE, nothing into the output folder.
+    assert len(list(cache.glob("pos-*.h5"))) == 3 and not (out / "cache").exists()
+    assert json.loads((out / "results.json").read_text())["pos"]["E5"] > 0
+    # Unset (or empty), the default is ~/.cache/elmo/probe.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ELMO_PROBE_CACHE", "")
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "elmo" / "probe"
+    monkeypatch.delenv("ELMO_PROBE_CACHE")
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "elmo" / "probe"
+    # --out has no default (one inside the checkout overwrote the committed report).
+    capsys.readouterr()
+    for argv in (args, ["probe", "report"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and "--out" in capsys.readouterr().err
+
+
+def _summary(task, e1, e2, ci):
+    return {"E0": 0.5, "E1": e1, "E2": e2, "intervals": {"E0": [0.49, 0.51], "E1": [e1 - 0.01, e1 + 0.01],
+                                                          "E2": [e2 - 0.01, e2 + 0.01]},
+            "paired": {"E2-E1" if task == "pos" else "E2-E1 all": {"diff": e2 - e1, "ci": ci}},
+            "baseline": {"majority": 0.2}}
+
+
+def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(tmp_path):
+    from elmo.probe.report import ordering, render
+    assert ordering("E1", "E2", {"diff": 0.004, "ci": [-0.001, 0.009]}) is None
+    assert ordering("E1", "E2", {"diff": 0.004, "ci": [0.001, 0.009]}) == "E2"
+    assert ordering("E1", "E2", {"diff": -0.004, "ci": [-0.009, -0.001]}) == "E1"
+    assert ordering("E1", "E2", None) is None
+    # E2 ahead on the point estimates (and E1 ahead for WSD), but both intervals include zero.
+    res = {"pos": _summary("pos", 0.896, 0.897, [-0.0017, 0.0033]),
+           "wsd": _summary("wsd", 0.585, 0.581, [-0.012, 0.004])}
+    report = render(res, tmp_path / "a").read_text()
+    assert "beats" not in report and "**yes**" not in report and "**no**" not in report
+    assert report.count("not significant") == 2
+    assert "Paper's ordering E1 > E2 for POS: **not shown**" in report
+    assert "[-0.17, +0.33] points includes zero" in report
+    # Intervals that exclude zero: the ordering is stated, with the paper's verdict.
+    res = {"pos": _summary("pos", 0.896, 0.905, [0.002, 0.016]),
+           "wsd": _summary("wsd", 0.572, 0.581, [0.0017, 0.0167])}
+    report = render(res, tmp_path / "b").read_text()
+    assert "not significant" not in report
+    assert "Paper's ordering E1 > E2 for POS: **no**: E2 beats E1" in report
+    assert "Paper's ordering E2 > E1 for WSD: **yes**: E2 beats E1 (paired 95% interval of E2 - E1 " \
+           "[+0.17, +1.67] points excludes zero)" in report
+    # Without a paired interval nothing is claimed either.
+    del res["pos"]["paired"]
+    report = render(res, tmp_path / "c").read_text()
+    assert "Paper's ordering E1 > E2 for POS: **not tested**" in report
+
+
+def test_static_corpus_is_read_as_sentence_files(tmp_path):
+    from elmo.probe.ner import train_static_embeddings
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"\xef\xbb\xbfThe cat sat\n\n" + b"the dog sat\na cat ran\n" * 3)
+    emb = train_static_embeddings([corpus], dim=2, min_count=1, log=lambda m: None)
+    assert "the" in emb.words and not any(w.startswith("\ufeff") for w in emb.words)  # BOM dropped
+    corpus.write_bytes(b"the cat\nthe \xff dog\n")
+    with pytest.raises(ElmoError, match=r"c\.txt: line 2: invalid UTF-8 \(byte 0xff at column 5\)"):
+        train_static_embeddings([corpus], dim=2, min_count=1, log=lambda m: None)

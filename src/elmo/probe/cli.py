@@ -3,13 +3,15 @@
 Every task is run on the model and, unless ``--no-control``, on the control: the same architecture
 with random weights (``--control-seed``). E0 (the context-free layer) is probed in every task, so
 "E0 only" is always there too. Results accumulate in ``OUT/results.json`` (one key per task) and
-``OUT/report.md`` + PNGs are rewritten after each task. Features are cached in ``--cache``
-(default ``OUT/cache``).
+``OUT/report.md`` + PNGs are rewritten after each task. ``--out`` has no default: the committed
+report of this repository lives in ``results/probe``, and a run must not overwrite it by accident.
+Features are cached in ``--cache`` (default ``$ELMO_PROBE_CACHE``, else ``~/.cache/elmo/probe``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -33,9 +35,11 @@ def add_subcommand(sub) -> None:
 
     def common(q):
         q.add_argument("--model", required=True, help="model directory or published name")
-        q.add_argument("--out", type=Path, default=Path("results/probe"),
-                       help="output folder: results.json, report.md, plots (default results/probe)")
-        q.add_argument("--cache", type=Path, help="feature cache folder (default OUT/cache)")
+        q.add_argument("--out", type=Path, required=True,
+                       help="output folder for results.json, report.md and the plots (required: "
+                            "there is no default, so no run overwrites a committed report)")
+        q.add_argument("--cache", type=Path, help="feature cache folder (default $ELMO_PROBE_CACHE, "
+                                                  "else ~/.cache/elmo/probe)")
         q.add_argument("--no-control", action="store_true", help="skip the random-weights control")
         q.add_argument("--control-seed", type=int, default=0)
         q.add_argument("--seed", type=int, default=0)
@@ -89,8 +93,15 @@ def add_subcommand(sub) -> None:
     q.add_argument("--tasks", default="pos,wsd,ner", help="comma-separated subset")
     q.set_defaults(func=_run_all)
     q = tasks.add_parser("report", help="rewrite report.md and the plots from OUT/results.json")
-    q.add_argument("--out", type=Path, default=Path("results/probe"))
+    q.add_argument("--out", type=Path, required=True, help="folder holding results.json")
     q.set_defaults(func=_report_only)
+
+
+def default_cache_dir() -> Path:
+    """``$ELMO_PROBE_CACHE`` if set and not empty, else ``~/.cache/elmo/probe``: one cache shared
+    by every run, since features depend only on the model's weights and the data."""
+    env = os.environ.get("ELMO_PROBE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "elmo" / "probe"
 
 
 def _report_only(args) -> int:
@@ -132,7 +143,7 @@ def _run(args, tasks: list[str]) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cache = args.cache or args.out / "cache"
+    cache = args.cache or default_cache_dir()
     model = BiLM.from_pretrained(args.model).to(args.device).eval()
     models = {"trained": model}
     if not args.no_control:

@@ -28,6 +28,7 @@ from ..bilm import BiLM
 from ..chars import batch_to_ids
 from ..errors import ElmoError
 from ..fileio import atomic_path
+from ..text import length_batches
 
 FORMAT_VERSION = 1
 Span = tuple[int, int, int]  # (sentence index, start token, end token exclusive)
@@ -76,21 +77,6 @@ class Features:
         return x if rows is None else x[:, rows]
 
 
-def _batches(lengths: list[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
-    # Sort by length so padding is small; a batch holds at most max_tokens padded tokens.
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out, cur = [], []
-    for i in order:
-        width = max(lengths[cur[0]] if cur else 0, lengths[i])
-        if cur and (width * (len(cur) + 1) > max_tokens or len(cur) >= max_sentences):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
 def validate_sentences(sentences: Sequence[Sequence[str]], what: str = "data") -> None:
     for i, s in enumerate(sentences):
         if len(s) == 0:
@@ -133,9 +119,9 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
     if spans is not None:
         for j, (s, _, _) in enumerate(spans):
             by_sentence.setdefault(s, []).append(j)
-    needed = range(len(sentences)) if spans is None else sorted(by_sentence)
-    batches = _batches([lengths[i] for i in needed], max_tokens, max_sentences)
-    needed = list(needed)
+    needed = list(range(len(sentences))) if spans is None else sorted(by_sentence)
+    # Similar lengths together keep padding small; max_tokens bounds rows x longest.
+    batches = length_batches([lengths[i] for i in needed], max_sentences, max_tokens)
 
     was_training = bilm.training
     bilm.eval()

@@ -16,7 +16,6 @@ decoding) with a 95% bootstrap interval over test sentences.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -30,8 +29,9 @@ import torch.nn as nn
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..mix import ScalarMix
+from ..text import read_sentences
+from .common import Standardize, fit_early_stopped
 from .conll import bio_spans
-from .pos import Standardize
 from .stats import bootstrap_ci, f1_from_counts
 
 
@@ -53,26 +53,6 @@ class StaticEmbeddings:
         return out, float(1 - known.mean()) if len(ids) else 0.0
 
 
-def read_text_corpus(files: Sequence[str | Path], lowercase: bool = True) -> list[list[str]]:
-    """Pre-tokenised text, one sentence per line (the biLM's training format)."""
-    out = []
-    for path in map(Path, files):
-        if not path.is_file():
-            raise ElmoError(f"{path}: no such corpus file")
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise ElmoError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-                toks = (line.lower() if lowercase else line).split()
-                if toks:
-                    out.append(toks)
-    if not out:
-        raise ElmoError(f"corpus {' '.join(map(str, files))}: no sentences")
-    return out
-
-
 def train_static_embeddings(files: Sequence[str | Path], dim: int = 300, window: int = 5,
                             min_count: int = 3, max_vocab: int = 50000, cds: float = 0.75,
                             cache_dir: str | Path | None = None, seed: int = 0,
@@ -91,7 +71,9 @@ def train_static_embeddings(files: Sequence[str | Path], dim: int = 300, window:
         z = np.load(cache, allow_pickle=False)
         return StaticEmbeddings([str(w) for w in z["words"]], z["vectors"])
 
-    sents = read_text_corpus(files)
+    sents = [[t.lower() for t in toks] for toks in read_sentences(files, what="corpus file")]
+    if not sents:
+        raise ElmoError(f"corpus {' '.join(map(str, files))}: no sentences")
     freq = Counter(t for s in sents for t in s)
     words = [w for w, c in freq.most_common(max_vocab) if c >= min_count]
     if len(words) < 2:
@@ -108,13 +90,11 @@ def train_static_embeddings(files: Sequence[str | Path], dim: int = 300, window:
     rows, cols = codes // V, codes % V
     rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])  # symmetric
     counts = np.concatenate([counts, counts]).astype(np.float64)
-    total = counts.sum()
     row_sum = np.bincount(rows, counts, V)
     col_pow = np.bincount(cols, counts, V) ** cds
     pmi = np.log(counts * col_pow.sum() / (row_sum[rows] * col_pow[cols]))
     keep = pmi > 0
     log(f"static embeddings: {len(sents)} sentences, vocabulary {V}, {keep.sum()} positive PMI cells")
-    del total
     M = torch.sparse_coo_tensor(np.stack([rows[keep], cols[keep]]), pmi[keep].astype(np.float32),
                                 (V, V), check_invariants=False).coalesce()
     torch.manual_seed(seed)
@@ -224,31 +204,23 @@ def train_tagger(train: TaggingData, dev: TaggingData, labels: list[str], cfg: T
     rng = np.random.default_rng(cfg.seed)
     L, _, F = train.x.shape
     model = BiLSTMTagger(Standardize.fit(train.x, token_axis=1), L, F, len(labels), cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    best, best_f1, best_epoch, bad = copy.deepcopy(model.state_dict()), -1.0, 0, 0
-    for epoch in range(1, cfg.max_epochs + 1):
-        model.train()
+
+    def epoch_losses():
         perm = rng.permutation(train.n_sentences)
         for a in range(0, len(perm), cfg.batch_size):
             xb, lengths, yb = train.batch(perm[a:a + cfg.batch_size])
             logits = model(xb, lengths)
             loss = nn.functional.cross_entropy(logits.reshape(-1, len(labels)), yb.reshape(-1),
                                                ignore_index=-100)
-            if model.mix is not None:
-                loss = loss + model.mix.l2_penalty(cfg.mix_l2)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        f1 = float(f1_from_counts(entity_counts(tag(model, dev), dev, labels).sum(0)))
-        if f1 > best_f1:
-            best, best_f1, best_epoch, bad = copy.deepcopy(model.state_dict()), f1, epoch, 0
-        else:
-            bad += 1
-            if bad >= cfg.patience and epoch >= cfg.min_epochs:
-                break
-    model.load_state_dict(best)
-    log(f"ner: {name} best dev F1 {best_f1:.4f} at epoch {best_epoch}")
-    return model, {"dev_f1": best_f1, "best_epoch": best_epoch, "epochs": epoch}
+            yield loss if model.mix is None else loss + model.mix.l2_penalty(cfg.mix_l2)
+
+    def dev_f1() -> float:
+        return float(f1_from_counts(entity_counts(tag(model, dev), dev, labels).sum(0)))
+
+    fit = fit_early_stopped(model, epoch_losses, dev_f1, lr=cfg.lr, max_epochs=cfg.max_epochs,
+                            patience=cfg.patience, min_epochs=cfg.min_epochs)
+    log(f"ner: {name} best dev F1 {fit['best_score']:.4f} at epoch {fit['best_epoch']}")
+    return model, {"dev_f1": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"]}
 
 
 def encode_bio(*splits) -> tuple[list[str], list[np.ndarray]]:

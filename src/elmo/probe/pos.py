@@ -9,7 +9,6 @@ POS tagger takes. Test accuracy comes with a 95% bootstrap interval over test se
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -19,10 +18,9 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..mix import ScalarMix
+from .common import Standardize, fit_early_stopped, layer_names
 from .features import Features
 from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
-
-LAYER_NAMES = ["E0", "E1", "E2", "E3", "E4"]
 
 
 @dataclass
@@ -35,38 +33,6 @@ class ProbeConfig:
     mix_l2: float = 0.001      # the paper's lambda * ||s||^2 on the mix scalars
     seed: int = 0
     n_boot: int = 1000
-
-
-class Standardize(nn.Module):
-    """``(x - mean) / std`` with training-set statistics, per feature (and per layer for ``(L, F)``).
-
-    A linear probe on standardized features has the same capacity as on raw ones; standardizing
-    makes the optimiser treat every layer alike (a random LSTM's outputs are tiny), and makes the
-    mix weights compare layers at equal scale.
-    """
-
-    def __init__(self, mean: np.ndarray, std: np.ndarray) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean, std = self.mean, self.std
-        if x.dim() == 3 and mean.dim() == 2:  # (L, B, F) with (L, F) statistics
-            mean, std = mean.unsqueeze(1), std.unsqueeze(1)
-        return (x.float() - mean) / std
-
-    @classmethod
-    def fit(cls, x: np.ndarray, token_axis: int = 0, chunk: int = 65536) -> "Standardize":
-        n = x.shape[token_axis]
-        s = s2 = 0.0
-        for a in range(0, n, chunk):
-            xb = np.take(x, np.arange(a, min(n, a + chunk)), axis=token_axis).astype(np.float64)
-            s = s + xb.sum(token_axis)
-            s2 = s2 + (xb ** 2).sum(token_axis)
-        mean = s / max(n, 1)
-        std = np.sqrt(np.maximum(s2 / max(n, 1) - mean ** 2, 0.0))
-        return cls(mean, np.where(std > 1e-6, std, 1.0))
 
 
 class MixLinear(nn.Module):
@@ -95,36 +61,25 @@ def fit_classifier(model: nn.Module, x_train, y_train: np.ndarray, x_dev, y_dev:
     ``x_*``: numpy arrays with the examples along ``token_axis`` (0 for ``(N, F)``, 1 for
     ``(L, N, F)``).
     """
-    g = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(cfg.seed)  # own generator: shuffles do not depend on init
     yt = torch.from_numpy(y_train).long()
     n = len(yt)
-    best, best_acc, best_epoch, bad = copy.deepcopy(model.state_dict()), -1.0, 0, 0
-    history = []
-    for epoch in range(1, cfg.max_epochs + 1):
-        model.train()
+
+    def epoch_losses():
         perm = torch.randperm(n, generator=g).numpy()
         for a in range(0, n, cfg.batch_size):
             idx = np.sort(perm[a:a + cfg.batch_size])
             xb = torch.from_numpy(np.take(x_train, idx, axis=token_axis)).float()
             loss = nn.functional.cross_entropy(model(xb), yt[idx])
-            if penalty is not None:
-                loss = loss + penalty()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        acc = float((predict(model, x_dev, token_axis) == y_dev).mean())
-        history.append(acc)
-        if acc > best_acc:
-            best, best_acc, best_epoch, bad = copy.deepcopy(model.state_dict()), acc, epoch, 0
-        else:
-            bad += 1
-            if bad >= cfg.patience:
-                break
-    model.load_state_dict(best)
-    model.eval()
-    return model, {"dev_acc": best_acc, "best_epoch": best_epoch, "epochs": len(history),
-                   "dev_history": history}
+            yield loss if penalty is None else loss + penalty()
+
+    def dev_acc() -> float:
+        return float((predict(model, x_dev, token_axis) == y_dev).mean())
+
+    fit = fit_early_stopped(model, epoch_losses, dev_acc, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            max_epochs=cfg.max_epochs, patience=cfg.patience)
+    return model, {"dev_acc": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"],
+                   "dev_history": fit["history"]}
 
 
 @torch.no_grad()
@@ -165,9 +120,9 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
     labels, (y_tr, y_dev, y_te) = encode_tags(*tags)
     if len(labels) < 2:
         raise ElmoError(f"pos: the training set has {len(labels)} distinct tag(s); need at least 2")
-    y_tr_fit = y_tr  # every training tag is known by construction
     L, F = train.num_layers, train.dim
     layers = list(range(L)) if layers is None else layers
+    names = layer_names(L)
     res: dict = {"labels": labels, "n_train_tokens": int(len(y_tr)), "n_test_tokens": int(len(y_te)),
                  "n_test_sentences": int(len(test.offsets) - 1), "config": asdict(cfg), "layers": {}}
 
@@ -187,10 +142,10 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
     for k in layers:
         torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
-        model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr_fit, x_dev, y_dev, cfg)
-        r = {**score(predict(model, x_te), LAYER_NAMES[k]), **info}
-        res["layers"][LAYER_NAMES[k]] = r
-        log(f"pos: {LAYER_NAMES[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
+        model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr, x_dev, y_dev, cfg)
+        r = {**score(predict(model, x_te), names[k]), **info}
+        res["layers"][names[k]] = r
+        log(f"pos: {names[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
             f"(dev {info['dev_acc']:.4f}, epoch {info['best_epoch']})")
     if "E1" in unit_counts and "E2" in unit_counts:
         d, lo, hi = paired_diff_ci(unit_counts["E1"], unit_counts["E2"], accuracy_from_counts, cfg.n_boot,
@@ -201,7 +156,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
         model = MixLinear(Standardize.fit(x_tr, token_axis=1), L, F, len(labels))
-        model, info = fit_classifier(model, x_tr, y_tr_fit, x_dev, y_dev, cfg, token_axis=1,
+        model, info = fit_classifier(model, x_tr, y_tr, x_dev, y_dev, cfg, token_axis=1,
                                      penalty=lambda: model.mix.l2_penalty(cfg.mix_l2))
         r = {**score(predict(model, x_te, token_axis=1)), **info,
              "weights": model.mix.weights(), "gamma": model.mix.gamma_value()}

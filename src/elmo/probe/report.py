@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 
 from ..fileio import atomic_path
+from .common import layer_names
 
 # Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).
 PAPER = {"pos": {"E1": 0.973, "E2": 0.968}, "wsd": {"E1": 0.674, "E2": 0.690}}
+PAPER_ORDER = {"pos": ("E1", "E2"), "wsd": ("E2", "E1")}  # (better, worse) in the paper
 METRIC = {"pos": "accuracy", "wsd": "F1 (ALL)", "ner": "entity F1"}
 
 
@@ -89,13 +91,46 @@ def write_results(path: Path, results: dict) -> None:
         tmp.write_text(json.dumps(results, indent=1) + "\n")
 
 
+def _inputs(s: dict) -> list[str]:
+    """The layers of a task summary (``E0`` .. ``E{L-1}``, any depth) in order, then ``mix``."""
+    n = max((int(k[1:]) + 1 for k in s if k[:1] == "E" and k[1:].isdigit()), default=0)
+    return [k for k in layer_names(n) + ["mix"] if k in s]
+
+
+def ordering(a: str, b: str, paired: dict | None) -> str | None:
+    """The better of ``a`` and ``b`` by the paired bootstrap interval of ``b - a``
+    (``{"diff", "ci"}``); None when there is no interval or it includes zero: then no ordering
+    may be claimed, however the point estimates fall."""
+    if paired is None:
+        return None
+    lo, hi = paired["ci"]
+    return b if lo > 0 else a if hi < 0 else None
+
+
+def _ordering_line(task: str, s: dict) -> str:
+    better, worse = PAPER_ORDER[task]
+    paired = s.get("paired", {})
+    r = paired.get("E2-E1", paired.get("E2-E1 all"))  # WSD: on ALL, like the table
+    head = f"Paper's ordering {better} > {worse} for {task.upper()}"
+    if r is None:
+        return f"{head}: **not tested** (no paired bootstrap interval of E2 - E1 in the results)."
+    ci = f"paired 95% interval of E2 - E1 [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points"
+    winner = ordering("E1", "E2", r)
+    if winner is None:
+        return (f"{head}: **not shown**: the difference between E1 and E2 is not significant "
+                f"({ci} includes zero).")
+    loser = "E2" if winner == "E1" else "E1"
+    return (f"{head}: **{'yes' if winner == better else 'no'}**: {winner} beats {loser} "
+            f"({ci} excludes zero).")
+
+
 # -- plots ---------------------------------------------------------------------------------------
 
 def _layer_plot(task: str, s: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = [k for k in ("E0", "E1", "E2", "E3", "E4", "mix") if k in s]
+    names = _inputs(s)
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     series = [("trained biLM", s, "C0", -0.18)]
     if "control_random" in s:
@@ -139,7 +174,7 @@ def _weights_plot(results: dict, path: Path) -> bool:
         w = results[t]["mix_weights"]
         ax.bar([k + (j - (len(tasks) - 1) / 2) * width for k in range(len(w))], w, width=width, label=t.upper())
     ax.axhline(1 / L, ls="--", lw=1, color="k")
-    ax.set_xticks(range(L), [f"E{k}" for k in range(L)])
+    ax.set_xticks(range(L), layer_names(L))
     ax.set_ylabel("softmax(s)")
     ax.set_title("Learned mix weights per task")
     ax.legend(fontsize=8)
@@ -181,42 +216,8 @@ def render(results: dict, out_dir: Path) -> Path:
                   f"`{m.get('fingerprint')}`); control: the same architecture with random weights "
                   f"(seed {m.get('control_seed', 0)}).", ""]
     for task in ("pos", "wsd"):
-        if task not in results:
-            continue
-        s = results[task]
-        _layer_plot(task, s, out_dir / f"{task}_layers.png")
-        lines += [f"## {task.upper()} ({METRIC[task]}, %)", "",
-                  "| input | trained | random-weights control | paper |", "|---|---|---|---|"]
-        for n in [k for k in ("E0", "E1", "E2", "E3", "E4", "mix") if k in s]:
-            c = s.get("control_random", {})
-            cc = _fmt(c[n], c["intervals"][n]) if n in c else "-"
-            p = _fmt(PAPER[task][n]) if n in PAPER.get(task, {}) else "-"
-            lines.append(f"| {n} | {_fmt(s[n], s['intervals'][n])} | {cc} | {p} |")
-        for name, v in s.get("baseline", {}).items():
-            lines.append(f"| baseline: {name.replace('_', ' ')} | {_fmt(v)} | | |")
-        if "mix_weights" in s:
-            extra = f", gamma = {s['gamma']:.3f}" if "gamma" in s else ""
-            if "mix_temperature" in s:
-                extra = f", temperature = {s['mix_temperature']:.4f}"
-            lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}{extra}."]
-        if task == "wsd" and "all_minus_dev" in s:
-            lines += ["", "ALL minus SemEval-2007 (the mix's dev set): " + ", ".join(
-                f"{k} {_fmt(v)}" for k, v in s["all_minus_dev"].items())
-                + (f", mix {_fmt(s['mix_all_minus_dev'])}" if "mix_all_minus_dev" in s else "")
-                + (f"; grid-searched mix {[round(w, 2) for w in s['mix_grid_weights']]}: ALL "
-                   f"{_fmt(s['mix_grid'])}" if "mix_grid" in s else "") + "."]
-        for who, d in (("trained", s), ("random-weights control", s.get("control_random", {}))):
-            for name, r in d.get("paired", {}).items():
-                lines += ["", f"Paired bootstrap {name.replace('E2-E1', 'E2 - E1')} ({who}): "
-                          f"{100 * r['diff']:+.2f} [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points."]
-        lines += ["", f"![{task} per layer]({task}_layers.png)", ""]
-        if task == "pos":
-            ordered = s.get("E1", 0) > s.get("E2", 1)
-            lines.append(f"Paper's ordering E1 > E2 for POS: **{'yes' if ordered else 'no'}**.")
-        else:
-            ordered = s.get("E2", 0) > s.get("E1", 1)
-            lines.append(f"Paper's ordering E2 > E1 for WSD: **{'yes' if ordered else 'no'}**.")
-        lines.append("")
+        if task in results:
+            lines += _layer_section(task, results[task], out_dir)
     if "ner" in results:
         s = results["ner"]
         _ner_plot(s, out_dir / "ner.png")
@@ -232,3 +233,34 @@ def render(results: dict, out_dir: Path) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _layer_section(task: str, s: dict, out_dir: Path) -> list[str]:
+    """The POS or WSD section: per-layer table, mix, paired differences, plot, the paper's ordering."""
+    _layer_plot(task, s, out_dir / f"{task}_layers.png")
+    lines = [f"## {task.upper()} ({METRIC[task]}, %)", "",
+             "| input | trained | random-weights control | paper |", "|---|---|---|---|"]
+    for n in _inputs(s):
+        c = s.get("control_random", {})
+        cc = _fmt(c[n], c["intervals"][n]) if n in c else "-"
+        p = _fmt(PAPER[task][n]) if n in PAPER.get(task, {}) else "-"
+        lines.append(f"| {n} | {_fmt(s[n], s['intervals'][n])} | {cc} | {p} |")
+    for name, v in s.get("baseline", {}).items():
+        lines.append(f"| baseline: {name.replace('_', ' ')} | {_fmt(v)} | | |")
+    if "mix_weights" in s:
+        extra = f", gamma = {s['gamma']:.3f}" if "gamma" in s else ""
+        if "mix_temperature" in s:
+            extra = f", temperature = {s['mix_temperature']:.4f}"
+        lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}{extra}."]
+    if task == "wsd" and "all_minus_dev" in s:
+        lines += ["", "ALL minus SemEval-2007 (the mix's dev set): " + ", ".join(
+            f"{k} {_fmt(v)}" for k, v in s["all_minus_dev"].items())
+            + (f", mix {_fmt(s['mix_all_minus_dev'])}" if "mix_all_minus_dev" in s else "")
+            + (f"; grid-searched mix {[round(w, 2) for w in s['mix_grid_weights']]}: ALL "
+               f"{_fmt(s['mix_grid'])}" if "mix_grid" in s else "") + "."]
+    for who, d in (("trained", s), ("random-weights control", s.get("control_random", {}))):
+        for name, r in d.get("paired", {}).items():
+            lines += ["", f"Paired bootstrap {name.replace('E2-E1', 'E2 - E1')} ({who}): "
+                      f"{100 * r['diff']:+.2f} [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points."]
+    lines += ["", f"![{task} per layer]({task}_layers.png)", "", _ordering_line(task, s), ""]
+    return lines

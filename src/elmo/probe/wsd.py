@@ -23,189 +23,23 @@ learned temperature ``tau`` is reported instead.
 
 from __future__ import annotations
 
-import gzip
-import io
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ..errors import ElmoError
+from .common import layer_names
 from .features import Features
 from .stats import bootstrap_ci, paired_diff_ci
+# The readers live in .wsd_data; re-exported here, where the probe's users have always found them.
+from .wsd_data import (POS_LETTER, SS_TYPE, WsdCorpus, WsdInstance, key_lemma_pos, read_gold_keys,
+                       read_raganato, read_sense_index)
 
-POS_LETTER = {"NOUN": "n", "VERB": "v", "ADJ": "a", "ADV": "r"}
-SS_TYPE = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}  # 5 = adjective satellite
-
-
-@dataclass
-class WsdInstance:
-    id: str
-    sentence: int
-    start: int
-    end: int          # exclusive
-    lemma: str
-    pos: str          # n, v, a, r
-    keys: list[str] = field(default_factory=list)
-
-
-@dataclass
-class WsdCorpus:
-    path: Path
-    sentences: list[list[str]]
-    instances: list[WsdInstance]
-
-    @property
-    def spans(self) -> list[tuple[int, int, int]]:
-        return [(i.sentence, i.start, i.end) for i in self.instances]
-
-    def subset(self, keep: Callable[[WsdInstance], bool]) -> np.ndarray:
-        return np.array([j for j, i in enumerate(self.instances) if keep(i)], dtype=np.int64)
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if not path.is_file():
-        raise ElmoError(f"{path}: no such file")
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    return raw
-
-
-def key_lemma_pos(key: str) -> tuple[str, str]:
-    """``'bank%1:14:00::'`` -> ``('bank', 'n')``."""
-    lemma, _, rest = key.partition("%")
-    if not lemma or not rest or rest[0] not in SS_TYPE:
-        raise ElmoError(f"bad WordNet sense key {key!r}")
-    return lemma.lower(), SS_TYPE[rest[0]]
-
-
-def read_gold_keys(path: str | Path) -> dict[str, list[str]]:
-    path = Path(path)
-    out: dict[str, list[str]] = {}
-    with _open_text(path) as f:
-        for i, line in enumerate(io.TextIOWrapper(f, encoding="utf-8"), 1):
-            cols = line.split()
-            if not cols:
-                continue
-            if len(cols) < 2:
-                raise ElmoError(f"{path}:{i}: expected 'instance_id sense_key [sense_key ...]'")
-            for k in cols[1:]:
-                if "%" not in k:
-                    raise ElmoError(f"{path}:{i}: {k!r} is not a WordNet sense key")
-            if cols[0] in out:
-                raise ElmoError(f"{path}:{i}: instance {cols[0]} listed twice")
-            out[cols[0]] = cols[1:]
-    return out
-
-
-def read_raganato(xml_path: str | Path, key_path: str | Path | None = None,
-                  limit: int | None = None) -> WsdCorpus:
-    """A corpus in the unified format (``*.data.xml[.gz]`` + ``*.gold.key.txt[.gz]``).
-
-    ``key_path`` defaults to the sibling ``.gold.key.txt`` file. ``limit``: first N sentences.
-    Tokens are the ``<wf>``/``<instance>`` texts split at spaces and underscores.
-    """
-    import xml.parsers.expat
-
-    xml_path = Path(xml_path)
-    if key_path is None:
-        name = xml_path.name.replace(".data.xml", ".gold.key.txt")
-        key_path = xml_path.with_name(name)
-        if not key_path.is_file() and name.endswith(".gz"):
-            key_path = xml_path.with_name(name[:-3])
-    gold = read_gold_keys(key_path)
-    sentences: list[list[str]] = []
-    instances: list[WsdInstance] = []
-    state = {"tokens": None, "el": None, "attrs": None, "text": []}
-    p = xml.parsers.expat.ParserCreate()
-
-    class _Stop(Exception):
-        pass
-
-    def bad(msg: str) -> ElmoError:
-        return ElmoError(f"{xml_path}:{p.CurrentLineNumber}: {msg}")
-
-    def start(tag, attrs):
-        if tag == "sentence":
-            state["tokens"] = []
-        elif tag in ("wf", "instance"):
-            if state["tokens"] is None:
-                raise bad(f"<{tag}> outside a <sentence>")
-            state["el"], state["attrs"], state["text"] = tag, attrs, []
-
-    def end(tag):
-        if tag in ("wf", "instance"):
-            text = "".join(state["text"]).strip()
-            if not text:
-                raise bad(f"<{tag}> without text")
-            tokens = state["tokens"]
-            parts = text.replace("_", " ").split() or [text]
-            if tag == "instance":
-                a = state["attrs"]
-                iid, lemma, pos = a.get("id"), a.get("lemma"), a.get("pos")
-                if not iid or not lemma or pos is None:
-                    raise bad("<instance> lacks id, lemma or pos")
-                if pos not in POS_LETTER:
-                    raise bad(f"instance {iid}: pos {pos!r} is not one of {', '.join(POS_LETTER)}")
-                if iid not in gold:
-                    raise bad(f"instance {iid} has no gold key in {key_path}")
-                instances.append(WsdInstance(iid, len(sentences), len(tokens), len(tokens) + len(parts),
-                                             lemma.lower(), POS_LETTER[pos], gold[iid]))
-            tokens.extend(parts)
-            state["el"] = None
-        elif tag == "sentence":
-            if state["tokens"]:
-                sentences.append(state["tokens"])
-            state["tokens"] = None
-            if limit is not None and len(sentences) >= limit:
-                raise _Stop
-
-    def chars(data):
-        if state["el"] is not None:
-            state["text"].append(data)
-
-    p.StartElementHandler, p.EndElementHandler, p.CharacterDataHandler = start, end, chars
-    with _open_text(xml_path) as f:
-        try:
-            p.ParseFile(f)
-        except _Stop:
-            pass
-        except xml.parsers.expat.ExpatError as e:
-            raise ElmoError(f"{xml_path}:{e.lineno}: malformed XML ({xml.parsers.expat.errors.messages[e.code]})") from None
-        except (OSError, EOFError) as e:
-            raise ElmoError(f"{xml_path}: cannot read ({e})") from None
-    if not instances:
-        raise ElmoError(f"{xml_path}: no <instance> elements found")
-    if limit is None and len(gold) != len(instances):
-        seen = {i.id for i in instances}
-        extra = next(k for k in gold if k not in seen)
-        raise ElmoError(f"{key_path}: {len(gold) - len(instances)} key(s) for instances not in "
-                        f"{xml_path} (e.g. {extra})")
-    return WsdCorpus(xml_path, sentences, instances)
-
-
-def read_sense_index(path: str | Path) -> dict[tuple[str, str], str]:
-    """WordNet ``index.sense``: ``(lemma, pos) -> first sense key`` (sense number 1)."""
-    path = Path(path)
-    first: dict[tuple[str, str], str] = {}
-    with _open_text(path) as f:
-        for i, line in enumerate(io.TextIOWrapper(f, encoding="utf-8"), 1):
-            cols = line.split()
-            if not cols:
-                continue
-            if len(cols) != 4 or not cols[2].isdigit():
-                raise ElmoError(f"{path}:{i}: expected 'sense_key offset sense_number tag_cnt'")
-            try:
-                lp = key_lemma_pos(cols[0])
-            except ElmoError as e:
-                raise ElmoError(f"{path}:{i}: {e}") from None
-            if cols[2] == "1":
-                first.setdefault(lp, cols[0])
-    if not first:
-        raise ElmoError(f"{path}: no senses with sense number 1")
-    return first
-
+__all__ = ["POS_LETTER", "SS_TYPE", "SenseInventory", "WsdCorpus", "WsdInstance", "build_inventory",
+           "f1_wsd", "grid_mix", "key_lemma_pos", "layer_scales", "learn_mix", "predict_1nn",
+           "read_gold_keys", "read_raganato", "read_sense_index", "run_wsd", "wsd_counts"]
 
 # -- the 1-NN classifier -------------------------------------------------------------------------
 
@@ -390,47 +224,65 @@ def _simplex(L: int, m: int):
 
 # -- the probe -----------------------------------------------------------------------------------
 
+@dataclass
+class _TestScorer:
+    """Scores per-instance counts on ALL, on the mix's dev part and the rest, and per dataset."""
+
+    test: WsdCorpus
+    dev_rows: np.ndarray
+    rest_rows: np.ndarray
+    n_boot: int
+    seed: int
+    datasets: list[str] = field(init=False)  # ids are "<dataset>.<doc>.<sentence>.<token>"
+
+    def __post_init__(self) -> None:
+        ids = [i.id for i in self.test.instances]
+        self.datasets = sorted({i.split(".")[0] for i in ids}) if "." in ids[0] else []
+
+    @property
+    def split(self) -> bool:  # ALL minus the mix's dev set is scored only when both parts exist
+        return bool(len(self.dev_rows) and len(self.rest_rows))
+
+    def __call__(self, counts: np.ndarray) -> dict:
+        test, n_boot, seed = self.test, self.n_boot, self.seed
+        r = {"all": _score(counts, None, n_boot, seed)}
+        if self.split:
+            r["dev"] = _score(counts, self.dev_rows, n_boot, seed)
+            r["all_minus_dev"] = _score(counts, self.rest_rows, n_boot, seed)
+        r["per_dataset"] = {d: float(f1_wsd(counts[test.subset(lambda i, d=d: i.id.startswith(d + "."))].sum(0)))
+                            for d in self.datasets}
+        r["f1"], r["ci"] = r["all"]["f1"], r["all"]["ci"]
+        return r
+
+    def preds(self, preds: list[str | None]) -> dict:
+        return self(wsd_counts(self.test, preds))
+
+
 def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats: Features,
             first_sense: dict[tuple[str, str], str], dev_prefix: str = "semeval2007.",
             layers: list[int] | None = None, mix: bool = True, n_boot: int = 1000, seed: int = 0,
             mix_epochs: int = 4, log: Callable[[str], None] = print) -> dict:
     """Per-layer 1-NN F1 on ``test`` (ALL), per dataset, and the learned mix."""
-    from .pos import LAYER_NAMES
     if test_feats.n != len(test.instances):
         raise ElmoError(f"wsd: {test_feats.n} feature rows for {len(test.instances)} test instances")
     inv = build_inventory(train, train_feats)
     L = train_feats.num_layers
     layers = list(range(L)) if layers is None else layers
-    datasets = sorted({i.id.split(".")[0] for i in test.instances}) if "." in test.instances[0].id else []
-    dev_rows = test.subset(lambda i: i.id.startswith(dev_prefix))
-    rest_rows = test.subset(lambda i: not i.id.startswith(dev_prefix))
+    names = layer_names(L)
+    score = _TestScorer(test, test.subset(lambda i: i.id.startswith(dev_prefix)),
+                        test.subset(lambda i: not i.id.startswith(dev_prefix)), n_boot, seed)
     res: dict = {"n_train_instances": len(train.instances), "n_senses": len(inv.keys),
-                 "n_test_instances": len(test.instances), "n_dev_instances": int(len(dev_rows)),
+                 "n_test_instances": len(test.instances), "n_dev_instances": int(len(score.dev_rows)),
                  "dev": dev_prefix.rstrip("."), "layers": {}}
 
-    split = bool(len(dev_rows) and len(rest_rows))  # also score ALL minus the mix's dev set
-
-    def score_counts(counts: np.ndarray) -> dict:
-        r = {"all": _score(counts, None, n_boot, seed)}
-        if split:
-            r["dev"] = _score(counts, dev_rows, n_boot, seed)
-            r["all_minus_dev"] = _score(counts, rest_rows, n_boot, seed)
-        r["per_dataset"] = {d: float(f1_wsd(counts[test.subset(lambda i, d=d: i.id.startswith(d + "."))].sum(0)))
-                            for d in datasets}
-        r["f1"], r["ci"] = r["all"]["f1"], r["all"]["ci"]
-        return r
-
-    def evaluate(preds) -> dict:
-        return score_counts(wsd_counts(test, preds))
-
     # Baselines: WordNet first sense, and SemCor's most frequent sense (first sense when unseen).
-    res["first_sense"] = evaluate([first_sense.get((i.lemma, i.pos)) for i in test.instances])
+    res["first_sense"] = score.preds([first_sense.get((i.lemma, i.pos)) for i in test.instances])
     mfs = []
     for i in test.instances:
         cand = inv.candidates.get((i.lemma, i.pos))
         mfs.append(inv.keys[max(cand, key=lambda c: inv.counts[c])] if cand
                    else first_sense.get((i.lemma, i.pos)))
-    res["semcor_mfs"] = evaluate(mfs)
+    res["semcor_mfs"] = score.preds(mfs)
     log(f"wsd: WordNet first sense F1 {res['first_sense']['f1']:.4f}, SemCor MFS F1 "
         f"{res['semcor_mfs']['f1']:.4f}")
 
@@ -438,50 +290,59 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
     unit_counts: dict[str, np.ndarray] = {}
     for k in layers:
         preds, used = predict_1nn(inv, test, test_feats.layer(k), means[k], first_sense)
-        unit_counts[LAYER_NAMES[k]] = counts = wsd_counts(test, preds)
-        r = score_counts(counts)
+        unit_counts[names[k]] = counts = wsd_counts(test, preds)
+        r = score(counts)
         r["coverage_1nn"] = float(used.mean())
-        res["layers"][LAYER_NAMES[k]] = r
-        log(f"wsd: {LAYER_NAMES[k]} F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]"
+        res["layers"][names[k]] = r
+        log(f"wsd: {names[k]} F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]"
             + (f", ALL-{res['dev']} {r['all_minus_dev']['f1']:.4f}" if "all_minus_dev" in r else ""))
     if "E1" in unit_counts and "E2" in unit_counts:
         res["paired"] = {}
-        parts = {"all": slice(None), **({"all_minus_dev": rest_rows} if split else {})}
+        parts = {"all": slice(None), **({"all_minus_dev": score.rest_rows} if score.split else {})}
         for part, rows in parts.items():
             d, lo, hi = paired_diff_ci(unit_counts["E1"][rows], unit_counts["E2"][rows], f1_wsd, n_boot, seed=seed)
             res["paired"][f"E2-E1 {part}"] = {"diff": d, "ci": [lo, hi]}
             log(f"wsd: E2 - E1 F1 ({part}) = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over instances)")
     if mix:
-        if not len(dev_rows):
+        if not len(score.dev_rows):
             raise ElmoError(f"wsd: the mix needs dev instances (ids starting {dev_prefix!r}) in the test set")
-        scale = layer_scales(train_feats)
-        x_all = test_feats.all_layers().astype(np.float32)
-        dev_corpus = WsdCorpus(test.path, test.sentences, [test.instances[j] for j in dev_rows])
-
-        def mixed(weights, rows=None):
-            w = np.asarray(weights) / scale
-            x = np.tensordot(w, x_all if rows is None else x_all[:, rows], axes=1)
-            return x, inv.vectors(weights, scale)
-
-        def dev_eval(weights) -> float:
-            x, sv = mixed(weights, dev_rows)
-            preds, _ = predict_1nn(inv, dev_corpus, x, sv, first_sense)
-            return float(f1_wsd(wsd_counts(dev_corpus, preds).sum(0)))
-
-        learned = learn_mix(inv, train, train_feats, scale, dev_eval, epochs=mix_epochs, seed=seed, log=log)
-        x, sv = mixed(learned["weights"])
-        r = evaluate(predict_1nn(inv, test, x, sv, first_sense)[0])
-        r.update(weights=learned["weights"], temperature=learned["temperature"],
-                 best_epoch=learned["epoch"], dev_f1=learned["dev_f1"],
-                 uniform_dev_f1=learned["uniform_dev_f1"],
-                 n_mix_train_instances=learned["n_train_instances"], layer_scales=scale.tolist())
-        res["mix"] = r
-        grid = grid_mix(L, dev_eval)
-        x, sv = mixed(grid["weights"])
-        g = evaluate(predict_1nn(inv, test, x, sv, first_sense)[0])
-        g.update(weights=grid["weights"], dev_f1=grid["dev_f1"], step=grid["step"])
-        res["mix_grid"] = g
+        res["mix"], res["mix_grid"] = _mixes(inv, train, train_feats, test_feats, first_sense, score,
+                                             mix_epochs, seed, log)
+        r, g = res["mix"], res["mix_grid"]
         log(f"wsd: mix F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], ALL-{res['dev']} "
             f"{r['all_minus_dev']['f1']:.4f}, softmax(s) = {np.round(r['weights'], 3).tolist()}; "
             f"grid mix {np.round(g['weights'], 2).tolist()} F1 ALL {g['f1']:.4f}")
     return res
+
+
+def _mixes(inv: SenseInventory, train: WsdCorpus, train_feats: Features, test_feats: Features,
+           first_sense: dict[tuple[str, str], str], score: _TestScorer, mix_epochs: int, seed: int,
+           log: Callable[[str], None]) -> tuple[dict, dict]:
+    """The learned mix and the grid-searched one, both selected on the dev rows, scored on the test."""
+    test, dev_rows = score.test, score.dev_rows
+    scale = layer_scales(train_feats)
+    x_all = test_feats.all_layers().astype(np.float32)
+    dev_corpus = WsdCorpus(test.path, test.sentences, [test.instances[j] for j in dev_rows])
+
+    def mixed(weights, rows=None):
+        w = np.asarray(weights) / scale
+        x = np.tensordot(w, x_all if rows is None else x_all[:, rows], axes=1)
+        return x, inv.vectors(weights, scale)
+
+    def dev_eval(weights) -> float:
+        x, sv = mixed(weights, dev_rows)
+        preds, _ = predict_1nn(inv, dev_corpus, x, sv, first_sense)
+        return float(f1_wsd(wsd_counts(dev_corpus, preds).sum(0)))
+
+    learned = learn_mix(inv, train, train_feats, scale, dev_eval, epochs=mix_epochs, seed=seed, log=log)
+    x, sv = mixed(learned["weights"])
+    r = score.preds(predict_1nn(inv, test, x, sv, first_sense)[0])
+    r.update(weights=learned["weights"], temperature=learned["temperature"],
+             best_epoch=learned["epoch"], dev_f1=learned["dev_f1"],
+             uniform_dev_f1=learned["uniform_dev_f1"],
+             n_mix_train_instances=learned["n_train_instances"], layer_scales=scale.tolist())
+    grid = grid_mix(train_feats.num_layers, dev_eval)
+    x, sv = mixed(grid["weights"])
+    g = score.preds(predict_1nn(inv, test, x, sv, first_sense)[0])
+    g.update(weights=grid["weights"], dev_f1=grid["dev_f1"], step=grid["step"])
+    return r, g
