@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The full probing run (issue 5) on a trained model: POS, WSD and NER, each on the model and on
-# the random-weights control. Writes results/probe.json, results/probe/report.md, results/probe.log
-# and the figures of docs/probing.md (docs/probing/*.png).
+# the random-weights control. Writes RESULTS/probe/{results.json,report.md,*.png} (the numbers and
+# figures of docs/probing.md) and the run's log, RESULTS/probe.log.
 #
 # usage: scripts/probe_all.sh MODEL_DIR [DATA_DIR] [CORPUS_FILE ...]
 #   MODEL_DIR    the biLM to probe (native or published layout)
 #   DATA_DIR     folder in the layout of ../shared/data (default ../shared/data)
 #   CORPUS_FILE  the text the biLM was trained on, one sentence per line, for the static-embedding
 #                NER baseline (default: PTB train + WikiText-2 valid under DATA_DIR)
-# env: ELMO_PROBE_CACHE (feature cache, default ~/.cache/elmo/probe), THREADS (default 1: the probes are small ops; raise it on an idle machine),
-#      RESULTS (default results), FIGURES (default docs/probing), PROBE_ARGS (extra options for
-#      `elmo probe all`, e.g. "--limit 200 --limit-semcor 500 --ner-limit 200" for a smoke test)
+# env: RESULTS (default results: the committed report, which this script replaces),
+#      ELMO_PROBE_CACHE (feature cache, read by `elmo probe`; default ~/.cache/elmo/probe),
+#      THREADS (default 1: the probes are small ops; raise it on an idle machine),
+#      PROBE_ARGS (extra options for `elmo probe all`, e.g. "--limit 200 --limit-semcor 500
+#      --ner-limit 200" for a smoke test; give it another RESULTS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: scripts/probe_all.sh MODEL_DIR [DATA_DIR] [CORPUS_FILE ...]}
@@ -23,15 +25,12 @@ if [ ${#CORPUS[@]} -eq 0 ]; then
 fi
 PY=${PYTHON:-.venv/bin/python}
 RESULTS=${RESULTS:-results}
-FIGURES=${FIGURES:-docs/probing}
 OUT=$RESULTS/probe
-CACHE=${ELMO_PROBE_CACHE:-$HOME/.cache/elmo/probe}
-mkdir -p "$OUT" "$FIGURES"
+LOG=$RESULTS/probe.log
+mkdir -p "$OUT"
 rm -f "$OUT/results.json"   # a fresh run: results of an earlier model must not mix in
 start=$(date +%s)
-"$PY" -m elmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" --cache "$CACHE" \
-    --threads "${THREADS:-1}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$RESULTS/probe.log"
-cp "$OUT/results.json" "$RESULTS/probe.json"
-cp "$OUT"/*.png "$FIGURES/"
-echo "probe_all: done in $(( $(date +%s) - start )) s: $RESULTS/probe.json, $OUT/report.md, $FIGURES/*.png" \
-  | tee -a "$RESULTS/probe.log"
+"$PY" -m elmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" \
+    --threads "${THREADS:-1}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$LOG"
+echo "probe_all: done in $(( $(date +%s) - start )) s: $OUT/results.json, $OUT/report.md, $OUT/*.png" \
+  | tee -a "$LOG"
