@@ -2,7 +2,7 @@
 """Prepare the embedded default model's corpus: cased, openly licensed text from ../shared/data,
 one tokenised sentence per line. Never a test split.
 
-    python scripts/prepare_default_corpus.py OUT_DIR
+    .venv/bin/python scripts/prepare_default_corpus.py OUT_DIR     # needs the elmo package (its CoNLL-U reader)
 
 Writes OUT_DIR/train/*.txt (one shard per source) and OUT_DIR/valid.txt (UD EWT dev), and
 OUT_DIR/SOURCES.md (sizes and licences, for the model card).
@@ -22,6 +22,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from elmo.probe.conll import read_conllu
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 
@@ -39,19 +41,10 @@ def masc():
 
 
 def conllu(path):
-    sent = []
-    for line in open(path, encoding="utf-8"):
-        line = line.rstrip("\n")
-        if not line:
-            if sent:
-                yield sent
-            sent = []
-        elif not line.startswith("#"):
-            cols = line.split("\t")
-            if cols[0].isdigit():
-                sent.append(cols[1].replace(" ", "_"))
-    if sent:
-        yield sent
+    # Syntactic words, as the POS probe reads them; a space inside a form (UD allows it) would
+    # split the token in a one-sentence-per-line file.
+    for s in read_conllu(path):
+        yield [t.replace(" ", "_") for t in s.tokens]
 
 
 def wikitext():
