@@ -21,7 +21,7 @@ from elmo.bilm import reverse_padded
 from elmo.cli import main
 from elmo.embed import (ElmoWarning, count_lines, embed_file, embed_sentences, iter_embed,
                         iter_embed_file, merge_shards)
-from elmo.lstm import BiLstmLayer, lstm_layer_fast, lstm_reference
+from elmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
 
 
 # Same sentence, different batch mates: float32 matmuls round differently for different batch
@@ -145,7 +145,7 @@ def test_failed_run_leaves_no_output(tmp_path, fixture_model, sentences, monkeyp
     src = _write(tmp_path / "in.txt", sentences)
     out = tmp_path / "out.hdf5"
     out.write_bytes(b"previous result")
-    real, calls = E._embed_batch, []
+    real, calls = E.engine.embed_batch, []
 
     def failing(*a, **kw):
         calls.append(1)
@@ -153,7 +153,7 @@ def test_failed_run_leaves_no_output(tmp_path, fixture_model, sentences, monkeyp
             raise exc
         return real(*a, **kw)
 
-    monkeypatch.setattr(E, "_embed_batch", failing)
+    monkeypatch.setattr(E.engine, "embed_batch", failing)
     with pytest.raises(type(exc)):
         embed_file(fixture_model, src, out, "all", batch_size=2, window_lines=4)
     assert len(calls) == 3
@@ -215,7 +215,7 @@ def test_lstm_inference_path_equals_reference(monkeypatch, fused_max_k, chunk_by
     x[1] = reverse_padded(x[0], torch.tensor(lengths))
     c0, h0 = torch.randn(2, B, D) * 0.5, torch.randn(2, B, P) * 0.5
     with torch.no_grad():
-        out, c, h = lstm_layer_fast(layer, x, lengths, c0, h0, 0.7, 0.6)   # clips active
+        out, c, h = lstm_layer(layer, x, lengths, c0, h0, 0.7, 0.6)   # clips active
         ref, finals = lstm_reference([layer], seqs, [(c0, h0)], 0.7, 0.6, False)
     for b, n in enumerate(lengths):
         r = ref[b][0]
@@ -481,7 +481,7 @@ def test_no_model_option_uses_the_default_model(tmp_path, fixture_model, monkeyp
         asked.append((name, kw))
         return fixture_model
 
-    monkeypatch.setattr(E.BiLM, "from_pretrained", staticmethod(fake_from_pretrained))
+    monkeypatch.setattr(BiLM, "from_pretrained", staticmethod(fake_from_pretrained))
     src = _write(tmp_path / "in.txt", sentences[:2])
     assert main(["embed", str(src), str(tmp_path / "out.hdf5"), "--top", "--quiet"]) == 0
     assert asked == [("default", {"stateful": False})]

@@ -1,0 +1,150 @@
+"""``elmo embed`` and ``elmo embed-merge``: the command line over :mod:`elmo.embed`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+
+import torch
+
+from ..bilm import BiLM
+from ..errors import ElmoError
+from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
+from .hdf5 import embed_file, merge_shards, parse_shard
+
+
+def add_subcommand(sub) -> None:
+    """Register ``embed`` and ``embed-merge`` on the ``elmo`` subparsers."""
+    p = sub.add_parser("embed", help="embed a text file (one sentence per line) into HDF5",
+                       description="ELMo vectors for every line of INPUT, written to OUTPUT in the "
+                       "HDF5 layout of AllenNLP's `elmo` command (a dataset per line, named by its "
+                       "0-based index, plus sentence_to_index).")
+    p.add_argument("input", help="UTF-8 text, one whitespace-tokenised sentence per line ('-': stdin)")
+    p.add_argument("output", help="HDF5 file to write (replaced only when the run completes)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--all", dest="layers", action="store_const", const="all",
+                      help="all layers: (3, n_tokens, 2P) per line")
+    mode.add_argument("--top", dest="layers", action="store_const", const="top",
+                      help="the top layer: (n_tokens, 2P)")
+    mode.add_argument("--average", dest="layers", action="store_const", const="average",
+                      help="the mean of the layers: (n_tokens, 2P)")
+    p.add_argument("--options-file", help="published options.json (with --weight-file)")
+    p.add_argument("--weight-file", help="published weights HDF5 (with --options-file)")
+    p.add_argument("--model", help="model directory or published name (default: the embedded model)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"sentences per batch (default {STATELESS_BATCH_SIZE}; {STATEFUL_BATCH_SIZE} "
+                   "with --stateful)")
+    p.add_argument("--max-tokens-per-batch", type=int, default=None,
+                   help="cap on rows x longest sentence per batch (default "
+                   f"{STATELESS_MAX_TOKENS} when --batch-size is not given either)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="compute dtype (output is float32 either way)")
+    p.add_argument("--stateful", action="store_true",
+                   help="carry LSTM state from batch to batch (row r of batch i = line i*B + r), "
+                   "as the original implementations did")
+    p.add_argument("--pool", choices=["mean"], default=None,
+                   help="mean over tokens: one vector per line ((3, 2P) with --all)")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="invalid UTF-8: stop with an error naming the line (strict), or replace bad bytes")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="embed only lines i with i %% N == K (0-based K; 'env': RANK/WORLD_SIZE from "
+                   "torchrun); join the shard files with `elmo embed-merge`")
+    p.add_argument("--no-sentence-index", action="store_true",
+                   help="omit the sentence_to_index dataset (keeps memory flat on huge inputs)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+    m = sub.add_parser("embed-merge", help="join `elmo embed --shard` outputs into one file",
+                       description="Join the shard files of one `elmo embed --shard K/N` run into "
+                       "OUTPUT, equal to the file an unsharded run writes.")
+    m.add_argument("output")
+    m.add_argument("shards", nargs="+", help="the N shard files, in any order")
+    m.add_argument("--link", action="store_true",
+                   help="write an index of external links to the shards instead of copying")
+    m.set_defaults(func=run_merge)
+
+
+def load_model(args, stateful: bool = False) -> BiLM:
+    """The model named by --options-file/--weight-file or --model (default: the embedded one)."""
+    if (args.options_file is None) != (args.weight_file is None):
+        raise ElmoError("--options-file and --weight-file go together")
+    if args.options_file and args.model:
+        raise ElmoError("give either --model or --options-file/--weight-file, not both")
+    if args.options_file:
+        return BiLM.from_published(args.options_file, args.weight_file, stateful=stateful)
+    return BiLM.from_pretrained(args.model or "default", stateful=stateful)
+
+
+def _device(spec: str) -> torch.device:
+    """``--device``, checked here so that a bad one is a one-line error, not a torch traceback."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ElmoError(f"--device: unknown device {spec!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ElmoError("--device cuda: CUDA is not available in this installation")
+        if device.index is None and "LOCAL_RANK" in os.environ:   # one GPU per torchrun rank
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def run(args) -> int:
+    """``elmo embed``: load the model, embed INPUT into OUTPUT, print a one-line summary."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ElmoError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    shard = parse_shard(args.shard) if args.shard else None
+    device = _device(args.device)
+    model = load_model(args, stateful=args.stateful)
+    model = model.to(device=device, dtype=torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    with _cli_signals(), warnings.catch_warnings():
+        warnings.simplefilter("always", ElmoWarning)
+        warnings.showwarning = _show_warning
+        s = embed_file(model, args.input, args.output, args.layers, pool=args.pool,
+                       batch_size=args.batch_size, max_tokens_per_batch=args.max_tokens_per_batch,
+                       errors=args.errors, shard=shard, sentence_index=not args.no_sentence_index,
+                       progress=not args.quiet)
+    if not args.quiet:
+        rate = s.tokens / max(s.seconds, 1e-9)
+        print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "
+              f"{s.output} in {s.seconds:.1f}s ({rate:,.0f} tokens/s)", file=sys.stderr)
+    return 0
+
+
+def run_merge(args) -> int:
+    out = merge_shards(args.shards, args.output, link=args.link)
+    print(f"elmo embed-merge: {len(args.shards)} shards -> {out}", file=sys.stderr)
+    return 0
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # Through tqdm, so that a warning does not break the progress bar's line.
+    from tqdm import tqdm
+    tqdm.write(f"elmo embed: warning: {message}", file=sys.stderr)
+
+
+class _cli_signals:
+    """SIGTERM unwinds like Ctrl-C, so the temporary output is removed (no OUTPUT is left)."""
+
+    def __enter__(self):
+        self._old = None
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:        # not the main thread
+            pass
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
