@@ -16,7 +16,7 @@ from elmo.cli import main as cli_main
 from elmo.corpus import Corpus
 from elmo.errors import ElmoError
 from elmo.lm import LanguageModel
-from elmo.train import CHECKPOINT_NAME, TrainConfig, train
+from elmo.train import CHECKPOINT_NAME, train
 from elmo.vocab import Vocabulary
 
 from conftest import base_config, shared_path
@@ -246,3 +246,31 @@ def test_init_from_continues_with_new_vocab(tmp_path, fixture_corpus, ptb_slice)
                           init_from=str(tmp_path / "a" / "run" / "model"), max_steps=2), log=msgs.append)
     assert s["steps"] == 2
     assert any("softmax rows carried over" in m for m in msgs)
+
+
+def test_grad_accum_bound_keeps_micro_batch_seeds_distinct(tmp_path, fixture_corpus):
+    from elmo.train import MAX_GRAD_ACCUM
+    from elmo.train.trainer import micro_seed
+    data, vocab = fixture_corpus
+    with pytest.raises(ElmoError, match=f"grad_accum must be at most {MAX_GRAD_ACCUM}"):
+        base_config(tmp_path, data, vocab, grad_accum=MAX_GRAD_ACCUM + 1)
+    base_config(tmp_path, data, vocab, grad_accum=MAX_GRAD_ACCUM)
+    seeds = {micro_seed(12345, step, m) for step in range(300) for m in range(MAX_GRAD_ACCUM)}
+    assert len(seeds) == 300 * MAX_GRAD_ACCUM
+
+
+def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypatch):
+    import elmo.train.checkpoint as ckpt_io
+    data, vocab = fixture_corpus
+    out = tmp_path / "run"
+    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",
+            "--batch-size", "4", "--unroll", "5", "--threads", "1", "--no-progress", "--log-every", "2"]
+    assert cli_main(argv + ["--max-steps", "2"]) == 0
+    calls = []
+    real = ckpt_io.load_checkpoint
+    monkeypatch.setattr(ckpt_io, "load_checkpoint", lambda p: calls.append(p) or real(p))
+    # Only the overridable flags and --out/--resume: the rest comes from the checkpoint.
+    assert cli_main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    assert calls == [out / CHECKPOINT_NAME]
+    assert json.loads((out / "train_config.json").read_text())["max_steps"] == 4
+    assert torch.load(out / CHECKPOINT_NAME, weights_only=False)["step"] == 4

@@ -100,6 +100,24 @@ def sequence_dropout(x: torch.Tensor, p: float, variational: bool) -> torch.Tens
     return x * mask
 
 
+def _with_carried(init: State, carried: State) -> State:
+    """``init`` with its first rows replaced by the carried state's."""
+    for (c0, h0), (cs, hs) in zip(init, carried):
+        n = min(c0.shape[1], cs.shape[1])
+        c0[:, :n], h0[:, :n] = cs[:, :n].to(c0), hs[:, :n].to(h0)
+    return init
+
+
+def _carried(final: State, carried: State | None) -> State:
+    """The state to carry after a batch: its final state, and beyond its rows (a smaller batch)
+    the rows carried before."""
+    B = final[0][0].shape[1]
+    if carried is None or carried[0][0].shape[1] <= B:
+        return [(c.detach(), h.detach()) for c, h in final]
+    return [(torch.cat([c.detach(), cs[:, B:]], 1), torch.cat([h.detach(), hs[:, B:]], 1))
+            for (c, h), (cs, hs) in zip(final, carried)]
+
+
 class BiLM(nn.Module):
     def __init__(self, config: ElmoConfig, stateful: bool = False,
                  regularisation: Regularisation | None = None) -> None:
@@ -112,17 +130,9 @@ class BiLM(nn.Module):
         self.regularisation = regularisation or Regularisation()   # applied in training mode only
         self._state: State | None = None
 
-    @property
-    def dropout(self) -> float:
-        return self.regularisation.dropout
-
-    @property
-    def variational_dropout(self) -> bool:
-        return self.regularisation.variational_dropout
-
-    @property
-    def weight_drop(self) -> float:
-        return self.regularisation.weight_drop
+    dropout = property(lambda self: self.regularisation.dropout)
+    variational_dropout = property(lambda self: self.regularisation.variational_dropout)
+    weight_drop = property(lambda self: self.regularisation.weight_drop)
 
     @property
     def output_dim(self) -> int:
@@ -144,25 +154,10 @@ class BiLM(nn.Module):
 
     def _initial_state(self, B: int, ref: torch.Tensor) -> State:
         init = self.zero_state(B, ref)
-        if not (self.stateful and self._state is not None):
-            return init
-        out = []
-        for (c0, h0), (cs, hs) in zip(init, self._state):
-            n = min(B, cs.shape[1])
-            c0[:, :n], h0[:, :n] = cs[:, :n].to(c0), hs[:, :n].to(h0)
-            out.append((c0, h0))
-        return out
+        return _with_carried(init, self._state) if self.stateful and self._state is not None else init
 
     def _store_state(self, final: State) -> None:
-        B = final[0][0].shape[1]
-        if self._state is None or self._state[0][0].shape[1] <= B:
-            self._state = [(c.detach(), h.detach()) for c, h in final]
-            return
-        # A smaller batch updates its rows only; the rows beyond it keep their carried state.
-        kept = []
-        for (c, h), (cs, hs) in zip(final, self._state):
-            kept.append((torch.cat([c.detach(), cs[:, B:]], 1), torch.cat([h.detach(), hs[:, B:]], 1)))
-        self._state = kept
+        self._state = _carried(final, self._state)
 
     # -- the two stacks --------------------------------------------------------------------------
     def run_stacks(self, x: torch.Tensor, lengths: torch.Tensor, state: State | None = None
@@ -209,21 +204,9 @@ class BiLM(nn.Module):
 
     def run_tokens(self, char_ids: torch.Tensor, token_index: torch.Tensor, lengths: torch.Tensor,
                    state: State | None = None) -> tuple[list[torch.Tensor], State]:
-        """Both stacks over sequences given as indices into a set of distinct tokens (the
-        language model's training input: each distinct token is encoded once).
-
-        Parameters
-        ----------
-        char_ids : ``(U, 50)`` the distinct tokens' char ids.
-        token_index : ``(2, B, T)`` indices into ``char_ids`` ([0] forward, [1] backward reading
-            order), -1 at padding.
-        lengths : ``(B,)`` steps per row.
-        state : initial state (see :meth:`run_stacks`), zeros if None.
-
-        Returns
-        -------
-        :meth:`run_stacks`' per-layer ``(2, B, T, P)`` outputs and final state.
-        """
+        """:meth:`run_stacks` over sequences given as ``token_index (2, B, T)``, indices into
+        ``char_ids (U, 50)`` of distinct tokens (-1 at padding): the LM's training input, in which
+        each distinct token is encoded once."""
         pad = token_index < 0
         emb = self.encoder.encode_tokens(char_ids)                            # (U, P)
         x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)

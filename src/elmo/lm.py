@@ -84,21 +84,9 @@ class LanguageModel(nn.Module):
             raise ElmoError(f"softmax has {self.softmax.vocab_size} rows but the vocabulary {len(vocab)} tokens")
 
     # The regularisation lives on the biLM (which applies it inside the stacks); one source of truth.
-    @property
-    def regularisation(self) -> Regularisation:
-        return self.bilm.regularisation
-
-    @property
-    def dropout(self) -> float:
-        return self.bilm.dropout
-
-    @property
-    def variational_dropout(self) -> bool:
-        return self.bilm.variational_dropout
-
-    @property
-    def weight_drop(self) -> float:
-        return self.bilm.weight_drop
+    dropout = property(lambda self: self.bilm.dropout)
+    variational_dropout = property(lambda self: self.bilm.variational_dropout)
+    weight_drop = property(lambda self: self.bilm.weight_drop)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -156,11 +144,7 @@ class LanguageModel(nn.Module):
         try:
             for i in range(0, len(sentences), batch_size):
                 chunk = [list(s) for s in sentences[i:i + batch_size]]
-                for j, s in enumerate(chunk):
-                    if isinstance(sentences[i + j], str):
-                        raise ElmoError(f"score: sentence {i + j} is a str, expected a list of tokens")
-                    if not s:
-                        raise ElmoError(f"score: sentence {i + j} is empty")
+                _check_sentences(sentences[i:i + batch_size], i)
                 b = sentences_batch(chunk, self.vocab).to(self.device)
                 nll, _ = self.token_nll(b.char_ids, b.token_index, b.targets, b.lengths)
                 lp = (-nll).double().cpu()
@@ -235,33 +219,14 @@ class LanguageModel(nn.Module):
     def from_pretrained(cls, model_dir: str | Path, dropout: float | None = None) -> "LanguageModel":
         """A whole LM saved by :meth:`save_pretrained`."""
         model_dir = Path(model_dir)
-        if not (model_dir / CONFIG_NAME).is_file():
-            raise ElmoError(f"{model_dir}: not a native model directory (no {CONFIG_NAME})")
-        meta_path = model_dir / LM_CONFIG_NAME
-        if not meta_path.is_file():
-            raise ElmoError(f"{model_dir}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
-                            "score text. Train one with `elmo train`, or start from it with --init-from")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ElmoError(f"{meta_path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-        if meta.get("format") != LM_FORMAT:
-            raise ElmoError(f"{meta_path}: not an elmo LM description (format {meta.get('format')!r})")
+        meta = read_lm_meta(model_dir)
         vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
         sm = softmax_from_config(meta["softmax"])
         reg = Regularisation(meta.get("dropout", 0.1) if dropout is None else dropout,
                              bool(meta.get("variational_dropout", False)), float(meta.get("weight_drop", 0.0)))
         lm = cls(config, vocab, regularisation=reg, softmax_module=sm)
-        extra = load_native(lm.bilm, model_dir)
-        sm_state = {k[len("softmax."):]: v for k, v in extra.items() if k.startswith("softmax.")}
-        missing = set(lm.softmax.state_dict()) - set(sm_state)
-        if missing:
-            raise ElmoError(f"{model_dir}: softmax tensors missing: {', '.join(sorted(missing))}")
-        try:
-            lm.softmax.load_state_dict(sm_state)
-        except RuntimeError as e:
-            raise ElmoError(f"{model_dir}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
+        _load_softmax(lm, load_native(lm.bilm, model_dir), model_dir)
         return lm
 
     @classmethod
@@ -277,13 +242,10 @@ class LanguageModel(nn.Module):
         out among the new tokens and the new ``<UNK>``.
         """
         path = Path(str(source))
-        old: LanguageModel | None = None
-        if path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file():
-            old = cls.from_pretrained(path)
-            bilm = old.bilm
-        else:
-            bilm = BiLM.from_pretrained(source)
-        kind = softmax or (softmax_kind(old.softmax) if old is not None else "auto")
+        is_lm = path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file()
+        old = cls.from_pretrained(path) if is_lm else None
+        bilm = old.bilm if old is not None else BiLM.from_pretrained(source)
+        kind = softmax or "auto"
         if kind == "auto" and old is not None:
             kind = softmax_kind(old.softmax)
         cutoffs = None
@@ -294,16 +256,57 @@ class LanguageModel(nn.Module):
         lm.bilm.load_state_dict(bilm.state_dict())
         if old is None:
             log(f"init-from {source}: biLM weights loaded; it has no softmax, a new one is initialised")
-            return lm
-        if isinstance(old.softmax, FullSoftmax) and isinstance(lm.softmax, FullSoftmax):
-            _remap_rows(old, lm, log)
-        elif old.vocab.tokens == vocab.tokens and type(old.softmax) is type(lm.softmax):
-            lm.softmax.load_state_dict(old.softmax.state_dict())
         else:
-            raise ElmoError(f"init-from {source}: a {softmax_kind(old.softmax)} softmax cannot be carried "
-                            f"over to a {kind} softmax with another vocabulary; use --softmax "
-                            f"{softmax_kind(old.softmax)} or the same vocabulary")
+            _carry_softmax(old, lm, source, log)
         return lm
+
+
+def _check_sentences(sentences: Sequence, first: int) -> None:
+    for j, s in enumerate(sentences, first):
+        if isinstance(s, str):
+            raise ElmoError(f"score: sentence {j} is a str, expected a list of tokens")
+        if len(s) == 0:
+            raise ElmoError(f"score: sentence {j} is empty")
+
+
+def read_lm_meta(model_dir: Path) -> dict:
+    """The LM description (``training.json``) of a model directory, checked."""
+    if not (model_dir / CONFIG_NAME).is_file():
+        raise ElmoError(f"{model_dir}: not a native model directory (no {CONFIG_NAME})")
+    meta_path = model_dir / LM_CONFIG_NAME
+    if not meta_path.is_file():
+        raise ElmoError(f"{model_dir}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
+                        "score text. Train one with `elmo train`, or start from it with --init-from")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ElmoError(f"{meta_path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if meta.get("format") != LM_FORMAT:
+        raise ElmoError(f"{meta_path}: not an elmo LM description (format {meta.get('format')!r})")
+    return meta
+
+
+def _load_softmax(lm: LanguageModel, tensors: dict[str, torch.Tensor], model_dir: Path) -> None:
+    sm_state = {k[len("softmax."):]: v for k, v in tensors.items() if k.startswith("softmax.")}
+    missing = set(lm.softmax.state_dict()) - set(sm_state)
+    if missing:
+        raise ElmoError(f"{model_dir}: softmax tensors missing: {', '.join(sorted(missing))}")
+    try:
+        lm.softmax.load_state_dict(sm_state)
+    except RuntimeError as e:
+        raise ElmoError(f"{model_dir}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
+
+
+def _carry_softmax(old: LanguageModel, new: LanguageModel, source, log) -> None:
+    """The trained softmax of ``old`` into ``new`` (another vocabulary: rows remapped)."""
+    if isinstance(old.softmax, FullSoftmax) and isinstance(new.softmax, FullSoftmax):
+        _remap_rows(old, new, log)
+    elif old.vocab.tokens == new.vocab.tokens and type(old.softmax) is type(new.softmax):
+        new.softmax.load_state_dict(old.softmax.state_dict())
+    else:
+        raise ElmoError(f"init-from {source}: a {softmax_kind(old.softmax)} softmax cannot be carried "
+                        f"over to a {softmax_kind(new.softmax)} softmax with another vocabulary; use "
+                        f"--softmax {softmax_kind(old.softmax)} or the same vocabulary")
 
 
 @torch.no_grad()

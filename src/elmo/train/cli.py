@@ -71,27 +71,6 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="continue from OUT/checkpoint.pt if there is one (else start)")
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
-    base: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        try:
-            base = json.loads(Path(args.config).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ElmoError(f"{args.config}: cannot read train config ({e})") from None
-    merged = {**base, **given}
-    out = merged.get("out_dir")
-    if merged.get("resume") and out and (Path(out) / CHECKPOINT_NAME).is_file():
-        # Everything else comes from the checkpoint; keep only the overridable flags given.
-        saved = _load_checkpoint(Path(out) / CHECKPOINT_NAME)["config"]
-        merged = {**saved, **{k: v for k, v in merged.items() if k in RESUME_OVERRIDABLE}}
-    if "out_dir" not in merged:
-        raise ElmoError("--out is required")
-    if "train" not in merged:
-        raise ElmoError("--train is required")
-    return TrainConfig.from_dict(merged, args.config if getattr(args, "config", None) else "elmo train")
-
-
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields of ``--config FILE`` with the flags given on top."""
     given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
