@@ -6,9 +6,9 @@ import json
 
 import torch
 
+from .corpus import expand_files
 from .fileio import atomic_path
 from .lm import PERPLEXITY_MODES, LanguageModel
-from .corpus import expand_files
 
 
 def _run_perplexity(args) -> int:

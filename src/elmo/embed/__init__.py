@@ -9,11 +9,31 @@
 """
 
 from ..text import count_lines
-from .engine import (LAYER_MODES, POOL_MODES, STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE,
-                     STATELESS_MAX_TOKENS, WINDOW_BYTES, WINDOW_LINES, Batching, ElmoWarning,
-                     embed_batch, embed_sentences, iter_embed, output_shape)
-from .hdf5 import (BLANK_WARNINGS, INDEX_DATASET, EmbedOptions, EmbedSummary, embed_file,
-                   iter_embed_file, merge_shards, parse_shard)
+from .engine import (
+                     LAYER_MODES,
+                     POOL_MODES,
+                     STATEFUL_BATCH_SIZE,
+                     STATELESS_BATCH_SIZE,
+                     STATELESS_MAX_TOKENS,
+                     WINDOW_BYTES,
+                     WINDOW_LINES,
+                     Batching,
+                     ElmoWarning,
+                     embed_batch,
+                     embed_sentences,
+                     iter_embed,
+                     output_shape,
+)
+from .hdf5 import (
+                     BLANK_WARNINGS,
+                     INDEX_DATASET,
+                     EmbedOptions,
+                     EmbedSummary,
+                     embed_file,
+                     iter_embed_file,
+                     merge_shards,
+                     parse_shard,
+)
 
 __all__ = ["BLANK_WARNINGS", "INDEX_DATASET", "LAYER_MODES", "POOL_MODES", "STATEFUL_BATCH_SIZE",
            "STATELESS_BATCH_SIZE", "STATELESS_MAX_TOKENS", "WINDOW_BYTES", "WINDOW_LINES",

@@ -137,6 +137,7 @@ def _run_all(args) -> int:
 
 def _run(args, tasks: list[str]) -> int:
     import torch
+
     from ..bilm import BiLM
     from .features import model_fingerprint, random_like
     from .report import load_results, render, write_results

@@ -34,7 +34,6 @@ from .common import Standardize, fit_early_stopped
 from .conll import bio_spans
 from .stats import bootstrap_ci, f1_from_counts
 
-
 # -- static embeddings ---------------------------------------------------------------------------
 
 @dataclass

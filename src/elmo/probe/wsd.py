@@ -33,9 +33,18 @@ from ..errors import ElmoError
 from .common import layer_names
 from .features import Features
 from .stats import bootstrap_ci, paired_diff_ci
+
 # The readers live in .wsd_data; re-exported here, where the probe's users have always found them.
-from .wsd_data import (POS_LETTER, SS_TYPE, WsdCorpus, WsdInstance, key_lemma_pos, read_gold_keys,
-                       read_raganato, read_sense_index)
+from .wsd_data import (
+    POS_LETTER,
+    SS_TYPE,
+    WsdCorpus,
+    WsdInstance,
+    key_lemma_pos,
+    read_gold_keys,
+    read_raganato,
+    read_sense_index,
+)
 
 __all__ = ["POS_LETTER", "SS_TYPE", "SenseInventory", "WsdCorpus", "WsdInstance", "build_inventory",
            "f1_wsd", "grid_mix", "key_lemma_pos", "layer_scales", "learn_mix", "predict_1nn",

@@ -24,9 +24,9 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     KEPT_DIR,
     Progress,
+    lm_from_checkpoint,
     load_checkpoint,
     load_lm,
-    lm_from_checkpoint,
     save_checkpoint,
 )
 from .config import MAX_GRAD_ACCUM, RESUME_OVERRIDABLE, TRAIN_PRESETS, TrainConfig
