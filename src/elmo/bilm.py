@@ -24,14 +24,7 @@ import torch
 import torch.nn as nn
 
 from . import weights
-from .chars import (
-    BOS_IDS,
-    BOS_TOKEN,
-    EOS_IDS,
-    EOS_TOKEN,
-    batch_to_ids,
-    word_to_char_ids,
-)
+from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder
 from .errors import ElmoError

@@ -11,12 +11,7 @@ import torch
 
 from ..bilm import BiLM
 from ..errors import ElmoError
-from .engine import (
-    STATEFUL_BATCH_SIZE,
-    STATELESS_BATCH_SIZE,
-    STATELESS_MAX_TOKENS,
-    ElmoWarning,
-)
+from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard
 
 

@@ -36,14 +36,7 @@ from ..bilm import BiLM
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..text import Line, LineReader, count_lines, read_lines
-from .engine import (
-    WINDOW_LINES,
-    ElmoWarning,
-    OnBatch,
-    check_modes,
-    iter_embed_indexed,
-    start,
-)
+from .engine import WINDOW_LINES, ElmoWarning, OnBatch, check_modes, iter_embed_indexed, start
 
 # h5py and tqdm are imported where used: `import elmo.embed` (and `elmo --help`) stays light.
 

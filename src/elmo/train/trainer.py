@@ -25,13 +25,7 @@ from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import MAX_GRAD_ACCUM, TrainConfig
-from .distributed import (
-    DistEnv,
-    gather_lstm_state,
-    gather_rng,
-    pick_device,
-    setup_distributed,
-)
+from .distributed import DistEnv, gather_lstm_state, gather_rng, pick_device, setup_distributed
 from .loop import run_loop
 from .metrics import MetricsLog
 
