@@ -28,7 +28,7 @@ from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder
 from .errors import ElmoError
-from .lstm import BiLstmLayer, lstm_layer
+from .lstm import BiLstmLayer
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -193,8 +193,7 @@ class BiLM(nn.Module):
             if self.training and self.weight_drop > 0:
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
-            out, c, h = lstm_layer(layer, h_in, sorted_lengths, c0[:, order], h0[:, order],
-                                        cfg.cell_clip, cfg.proj_clip, w_h)
+            out, c, h = layer(h_in, sorted_lengths, c0[:, order], h0[:, order], cfg.cell_clip, cfg.proj_clip, w_h)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)
