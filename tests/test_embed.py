@@ -15,13 +15,11 @@ import pytest
 import torch
 
 import elmo.embed as E
-import elmo.lstm as L
-from elmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
-from elmo.bilm import reverse_padded
+from elmo import BiLM, ElmoError, batch_to_ids
 from elmo.cli import main
 from elmo.embed import (ElmoWarning, count_lines, embed_file, embed_sentences, iter_embed,
                         iter_embed_file, merge_shards)
-from elmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
+from elmo.lstm import lstm_reference
 
 
 # Same sentence, different batch mates: float32 matmuls round differently for different batch
@@ -193,57 +191,6 @@ def _random_tokens(n, seed, max_len=14):
     words = ["the", "cat", "sat", "on", "a", "mat", "Überall", "北京", "!", "running", "x" * 60,
              "y" * 47, "z" * 48, "<S>", "😀", "q" * 43]
     return [[rng.choice(words) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
-
-
-@pytest.mark.parametrize("fused_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])
-def test_lstm_inference_path_equals_reference(monkeypatch, fused_max_k, chunk_bytes):
-    """Both inference variants (fused per-step matmul; chunked input products, here one step per
-    chunk too) vs the slow reference, with nonzero initial states and rows of length 0."""
-    monkeypatch.setattr(L, "FUSED_MAX_K", fused_max_k)
-    monkeypatch.setattr(L, "INPUT_CHUNK_BYTES", chunk_bytes)
-    torch.manual_seed(0)
-    D, P = 12, 5
-    layer = BiLstmLayer(P, D, P)
-    with torch.no_grad():
-        layer.bias.uniform_(-0.5, 0.5)
-    lengths = [9, 9, 7, 4, 1, 0]
-    B, T = len(lengths), max(lengths)
-    seqs = [torch.randn(n, P) for n in lengths]
-    x = torch.zeros(2, B, T, P)
-    for b, s in enumerate(seqs):
-        x[0, b, : len(s)] = s
-    x[1] = reverse_padded(x[0], torch.tensor(lengths))
-    c0, h0 = torch.randn(2, B, D) * 0.5, torch.randn(2, B, P) * 0.5
-    with torch.no_grad():
-        out, c, h = lstm_layer(layer, x, lengths, c0, h0, 0.7, 0.6)   # clips active
-        ref, finals = lstm_reference([layer], seqs, [(c0, h0)], 0.7, 0.6, False)
-    for b, n in enumerate(lengths):
-        r = ref[b][0]
-        torch.testing.assert_close(out[0, b, :n], r[:, :P], atol=1e-5, rtol=0)
-        torch.testing.assert_close(out[1, b, :n], r[:, P:].flip(0), atol=1e-5, rtol=0)
-        assert not out[:, b, n:].any()                                         # zeros past the end
-        torch.testing.assert_close(c[:, b], finals[b][0][0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(h[:, b], finals[b][0][1], atol=1e-5, rtol=0)
-
-
-def test_char_cnn_fast_path_equals_reference():
-    """The grouped, all-widths-in-one-matmul char-CNN computes the same windows as the plain one,
-    for tokens of every length (0 .. 50 characters, windows reaching the end) and arbitrary ids."""
-    torch.manual_seed(1)
-    cfg = ElmoConfig(lstm_dim=8, projection_dim=4, char_embed_dim=3, n_highway=1,
-                     filters=[[1, 3], [2, 3], [3, 4], [5, 4], [7, 5]])
-    enc = BiLM(cfg).encoder
-    for p in enc.parameters():
-        torch.nn.init.normal_(p, std=0.7)
-    ids = batch_to_ids([["a", "ab", "hello", "北京", "😀", "<S>", "</S>"]
-                        + ["w" * n for n in range(40, 52)]]).view(-1, 50)
-    ids = torch.cat([ids, torch.randint(1, 262, (6, 50)), torch.full((1, 50), 261),
-                     torch.zeros(1, 50, dtype=torch.long)])
-    with torch.no_grad():
-        ref = enc.conv_reference(ids)
-        fast = enc._act(enc._conv_max(ids))
-        torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
-        assert ref.abs().max() > 1
 
 
 def test_embeddings_equal_reference_path(fixture_model):
