@@ -43,7 +43,6 @@ def expand_files(patterns: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-
 @dataclass
 class CorpusPosition:
     """Where the next sentence comes from: shard ``order[shard]`` of ``epoch``, the block that

@@ -142,9 +142,8 @@ def restore_rng(ckpt: dict, rank: int, world_size: int, device: torch.device) ->
 
 def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,
                        load_weights: bool = True) -> LanguageModel:
-    """The LM of a checkpoint, built as its run built it; ``vocab`` defaults to the run's vocabulary file."""
-    if not isinstance(ckpt, dict) or not REQUIRED_KEYS <= set(ckpt):
-        raise ElmoError(f"{path}: not an elmo training checkpoint")
+    """The LM of a checkpoint (as :func:`load_checkpoint` returns it), built as its run built it;
+    ``vocab`` defaults to the run's vocabulary file."""
     cfg = TrainConfig.from_dict(ckpt["config"], str(path))
     if vocab is None:
         if not Path(cfg.vocab or "").is_file():

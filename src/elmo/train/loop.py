@@ -64,7 +64,7 @@ def run_loop(t: Trainer) -> dict:
     try:
         while not should_stop():
             t0 = time.perf_counter()
-            micro = t._next_micro_batches()
+            micro = t.next_micro_batches()
             if micro is None:
                 break  # the requested epochs are done
             loss, ntok = t.train_step(micro)

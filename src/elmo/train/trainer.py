@@ -155,7 +155,7 @@ class Trainer:
             g["lr"] = lr
 
     # -- one step --------------------------------------------------------------------------------
-    def _next_micro_batches(self) -> list | None:
+    def next_micro_batches(self) -> list | None:
         out = []
         for _ in range(self.cfg.grad_accum):
             try:
