@@ -5,7 +5,7 @@
 
 Real sentences (UD English EWT train, from ../shared/data), the published models' shapes with
 random weights (speed does not depend on the values), the library's own batching
-(:func:`elmo.embed.embed_sentences`, stateless defaults, all three layers returned as numpy).
+(:func:`torchelmo.embed.embed_sentences`, stateless defaults, all three layers returned as numpy).
 
 FLOP counts (multiply-add = 2 FLOPs; elementwise work such as gates, max, bias is not counted):
 
@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo import BiLM, preset
-from elmo.chars import BOS_IDS, EOS_IDS, word_to_char_ids
-from elmo.embed import WINDOW_LINES, Batching, embed_batch, embed_sentences
-from elmo.encoder import CharCNNEncoder
-from elmo.probe.conll import read_conllu
+from torchelmo import BiLM, preset
+from torchelmo.chars import BOS_IDS, EOS_IDS, word_to_char_ids
+from torchelmo.embed import WINDOW_LINES, Batching, embed_batch, embed_sentences
+from torchelmo.encoder import CharCNNEncoder
+from torchelmo.probe.conll import read_conllu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 UD = SHARED / "data" / "pos" / "ud-english-ewt" / "en_ewt-ud-train.conllu"

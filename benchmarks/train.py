@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from elmo.corpus import Corpus
-from elmo.data import StreamBatcher
-from elmo.lm import LanguageModel
-from elmo.softmax import SampledSoftmax
-from elmo.train import TRAIN_PRESETS
-from elmo.vocab import Vocabulary
+from torchelmo.corpus import Corpus
+from torchelmo.data import StreamBatcher
+from torchelmo.lm import LanguageModel
+from torchelmo.softmax import SampledSoftmax
+from torchelmo.train import TRAIN_PRESETS
+from torchelmo.vocab import Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 

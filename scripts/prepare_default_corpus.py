@@ -22,7 +22,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from elmo.probe.conll import read_conllu
+from torchelmo.probe.conll import read_conllu
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

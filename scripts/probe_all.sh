@@ -30,7 +30,7 @@ LOG=$RESULTS/probe.log
 mkdir -p "$OUT"
 rm -f "$OUT/results.json"   # a fresh run: results of an earlier model must not mix in
 start=$(date +%s)
-"$PY" -m elmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" \
+"$PY" -m torchelmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" \
     --threads "${THREADS:-1}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$LOG"
 echo "probe_all: done in $(( $(date +%s) - start )) s: $OUT/results.json, $OUT/report.md, $OUT/*.png" \
   | tee -a "$LOG"

@@ -71,7 +71,7 @@ def run(cmd: list[str], log: Path | None = None) -> None:
 
 
 def train_phases(phases: list[tuple[str, Path, dict]], threads: int | None) -> None:
-    py = [sys.executable, "-m", "elmo.cli"]
+    py = [sys.executable, "-m", "torchelmo.cli"]
     vocab = Path(phases[0][2]["vocab"])
     if not vocab.is_file():
         vocab.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def machine(threads: int) -> str:
 
 def score(phases: list[tuple[str, Path, dict]], test: Path, threads: int) -> dict:
     import torch
-    from elmo.lm import LanguageModel
+    from torchelmo.lm import LanguageModel
 
     torch.set_num_threads(threads)
     cfg = phases[-1][2]

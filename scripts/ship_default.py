@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/ship_default.py runs/default/best results/default_model.json
 
-Writes src/elmo/default_model/{config.json, model.safetensors, MODEL_CARD.md}, and checks that
+Writes src/torchelmo/default_model/{config.json, model.safetensors, MODEL_CARD.md}, and checks that
 the shipped copy gives exactly the trained model's outputs and stays under the 30 MB budget.
 """
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from elmo import BiLM
+from torchelmo import BiLM
 
 LIMIT = 30 * 1024 * 1024
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "src" / "elmo" / "default_model"
+OUT = ROOT / "src" / "torchelmo" / "default_model"
 
 
 def main(model_dir: str, ppl_json: str) -> None:

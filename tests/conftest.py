@@ -32,7 +32,7 @@ def bilmtf_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def fixture_model(allennlp_dir):
-    from elmo import BiLM
+    from torchelmo import BiLM
     return BiLM.from_published(allennlp_dir / "options.json", allennlp_dir / "lm_weights.hdf5")
 
 
@@ -55,7 +55,7 @@ def fixture_corpus():
 
 def base_config(tmp_path, data, vocab, **kw):
     """A TrainConfig of a few steps of the tiny model (fields in ``kw`` override)."""
-    from elmo.train import TrainConfig
+    from torchelmo.train import TrainConfig
     cfg = dict(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / "run"), model="tiny",
                batch_size=4, unroll=5, max_steps=6, log_every=2, eval_every=1000, checkpoint_every=1000,
                threads=1, progress=False)

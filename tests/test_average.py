@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import shared_path
 
-from elmo.average import average, load_lm
-from elmo.cli import main
-from elmo.lm import LanguageModel
-from elmo.train import TrainConfig, train
+from torchelmo.average import average, load_lm
+from torchelmo.cli import main
+from torchelmo.lm import LanguageModel
+from torchelmo.train import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,6 @@ def test_weighted_average_interpolates(run, tmp_path, capsys):
 
 
 def test_keep_checkpoints_must_be_non_negative(tmp_path):
-    from elmo.errors import ElmoError
+    from torchelmo.errors import ElmoError
     with pytest.raises(ElmoError, match="keep_checkpoints"):
         TrainConfig(train=["x"], out_dir=str(tmp_path), max_steps=1, keep_checkpoints=-1)

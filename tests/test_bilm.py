@@ -3,8 +3,8 @@ import random
 import pytest
 import torch
 
-from elmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
-from elmo.lstm import lstm_reference
+from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
+from torchelmo.lstm import lstm_reference
 
 
 def _random_sentences(n, seed=0, max_len=15):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from elmo import ElmoError, batch_to_ids, word_to_char_ids
-from elmo.chars import BOS_IDS, EOS_IDS
+from torchelmo import ElmoError, batch_to_ids, word_to_char_ids
+from torchelmo.chars import BOS_IDS, EOS_IDS
 
 
 def test_published_example():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmo import BiLM, batch_to_ids
+from torchelmo import BiLM, batch_to_ids
 
 
 def _check_stateful(model_dir, sentences_file):

@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 
-from elmo.chars import word_to_char_ids
-from elmo.corpus import Corpus, expand_files
-from elmo.data import SentenceBatcher, StreamBatcher, sentences_batch
-from elmo.vocab import Vocabulary
-from elmo.errors import ElmoError
+from torchelmo.chars import word_to_char_ids
+from torchelmo.corpus import Corpus, expand_files
+from torchelmo.data import SentenceBatcher, StreamBatcher, sentences_batch
+from torchelmo.vocab import Vocabulary
+from torchelmo.errors import ElmoError
 
 
 def write(path, lines):

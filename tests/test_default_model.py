@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from elmo import BiLM, batch_to_ids
-from elmo.cli import main
-from elmo.weights import default_model_dir
+from torchelmo import BiLM, batch_to_ids
+from torchelmo.cli import main
+from torchelmo.weights import default_model_dir
 
 from conftest import ROOT
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-import elmo.embed as E
-from elmo import BiLM, ElmoError, batch_to_ids
-from elmo.cli import main
-from elmo.embed import (ElmoWarning, count_lines, embed_file, embed_sentences, iter_embed,
+import torchelmo.embed as E
+from torchelmo import BiLM, ElmoError, batch_to_ids
+from torchelmo.cli import main
+from torchelmo.embed import (ElmoWarning, count_lines, embed_file, embed_sentences, iter_embed,
                         iter_embed_file, merge_shards)
-from elmo.lstm import lstm_reference
+from torchelmo.lstm import lstm_reference
 
 
 # Same sentence, different batch mates: float32 matmuls round differently for different batch
@@ -163,7 +163,7 @@ def test_failed_run_leaves_no_output(tmp_path, fixture_model, sentences, monkeyp
 def test_killed_process_leaves_no_output(tmp_path, sentences, model_args, sig):
     src = _write(tmp_path / "in.txt", sentences * 300)
     out = tmp_path / "out.hdf5"
-    proc = subprocess.Popen([sys.executable, "-m", "elmo.cli", "embed", str(src), str(out), "--all",
+    proc = subprocess.Popen([sys.executable, "-m", "torchelmo.cli", "embed", str(src), str(out), "--all",
                              "--quiet", "--threads", "1", "--batch-size", "2", *model_args],
                             stderr=subprocess.PIPE)
     try:

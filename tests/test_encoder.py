@@ -2,7 +2,7 @@
 
 import torch
 
-from elmo import BiLM, ElmoConfig, batch_to_ids
+from torchelmo import BiLM, ElmoConfig, batch_to_ids
 
 
 def test_char_cnn_fast_path_equals_reference():

@@ -6,14 +6,14 @@ import math
 import pytest
 import torch
 
-from elmo import BiLM
-from elmo.bilm import Regularisation
-from elmo.config import preset
-from elmo.data import sentences_batch
-from elmo.vocab import Vocabulary
-from elmo.errors import ElmoError
-from elmo.lm import LanguageModel
-from elmo.softmax import (AdaptiveSoftmax, FullSoftmax, SampledSoftmax, default_softmax, log_uniform_probs,
+from torchelmo import BiLM
+from torchelmo.bilm import Regularisation
+from torchelmo.config import preset
+from torchelmo.data import sentences_batch
+from torchelmo.vocab import Vocabulary
+from torchelmo.errors import ElmoError
+from torchelmo.lm import LanguageModel
+from torchelmo.softmax import (AdaptiveSoftmax, FullSoftmax, SampledSoftmax, default_softmax, log_uniform_probs,
                           make_softmax, sample_log_uniform)
 
 WORDS = "the cat sat on a mat and dog ran far away".split()
@@ -102,7 +102,7 @@ def test_token_nll_matches_bilm_forward(lm, vocab):
     per-sentence reversal) and a plain log-softmax."""
     b = sentences_batch(SENTS, vocab)
     nll, _ = lm.token_nll(b.char_ids, b.token_index, b.targets, b.lengths)
-    from elmo import batch_to_ids
+    from torchelmo import batch_to_ids
     out = lm.bilm(batch_to_ids(SENTS), keep_sentence_boundaries=True)
     top = out.layers[-1]
     P = lm.config.projection_dim
@@ -181,7 +181,7 @@ def test_save_load_roundtrip(tmp_path, lm, vocab):
     assert torch.equal(lm.batch_nll(b)[0], lm2.eval().batch_nll(b)[0])
     # The directory is an ordinary biLM to the rest of the library.
     bilm = BiLM.from_pretrained(d)
-    from elmo import batch_to_ids
+    from torchelmo import batch_to_ids
     x = batch_to_ids(SENTS)
     assert torch.equal(bilm(x).layers[-1], lm.bilm(x).layers[-1])
     # A biLM without softmax cannot be scored, but can start an LM.
@@ -215,6 +215,6 @@ def test_init_from_with_new_vocabulary(tmp_path, lm, vocab):
 def test_published_export_of_trained_lm(tmp_path, lm):
     opts, weights = lm.bilm.export_published(tmp_path / "pub")
     back = BiLM.from_published(opts, weights)
-    from elmo import batch_to_ids
+    from torchelmo import batch_to_ids
     x = batch_to_ids(SENTS)
     assert torch.allclose(back(x).layers[-1], lm.bilm(x).layers[-1], atol=1e-6)

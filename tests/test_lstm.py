@@ -4,9 +4,9 @@ the slow reference; the end-to-end and fixture comparisons are in test_embed and
 import pytest
 import torch
 
-import elmo.lstm as L
-from elmo.bilm import reverse_padded
-from elmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
+import torchelmo.lstm as L
+from torchelmo.bilm import reverse_padded
+from torchelmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
 
 
 @pytest.mark.parametrize("fused_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])

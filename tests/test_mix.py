@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from elmo import BiLM, Elmo, ElmoError, ScalarMix, batch_to_ids
+from torchelmo import BiLM, Elmo, ElmoError, ScalarMix, batch_to_ids
 
 
 def test_scalar_mix_formula():

@@ -1,4 +1,4 @@
-"""elmo.probe: readers on the real files, feature cache, bootstrap, and the probes end to end on slices."""
+"""torchelmo.probe: readers on the real files, feature cache, bootstrap, and the probes end to end on slices."""
 
 import json
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import shared_path
-from elmo import ElmoError
-from elmo.probe.conll import bio_spans, read_conll, read_conllu
-from elmo.probe.features import extract, model_fingerprint, random_like
-from elmo.probe.stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
+from torchelmo import ElmoError
+from torchelmo.probe.conll import bio_spans, read_conll, read_conllu
+from torchelmo.probe.features import extract, model_fingerprint, random_like
+from torchelmo.probe.stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
 
 
 def ewt(split):
@@ -35,7 +35,7 @@ def _probe_cache_in_tmp(monkeypatch, tmp_path_factory):
 
 def tiny_deep_model(n_layers=5):
     """A random biLM with E0 .. E{n_layers}: deeper than the fixtures (2 LSTM layers)."""
-    from elmo import BiLM, ElmoConfig
+    from torchelmo import BiLM, ElmoConfig
     torch.manual_seed(0)
     cfg = ElmoConfig(lstm_dim=12, projection_dim=5, char_embed_dim=3, n_highway=1,
                      filters=[[1, 4], [2, 4], [3, 6]], n_layers=n_layers)
@@ -87,7 +87,7 @@ def test_wnut_bad_tag(tmp_path):
 
 
 def test_raganato_counts_and_overlap():
-    from elmo.probe.wsd import read_raganato
+    from torchelmo.probe.wsd import read_raganato
     all_ = read_raganato(shared_path(*EVAL, "ALL", "ALL.data.xml"))
     assert len(all_.sentences) == 1173 and len(all_.instances) == 7253
     by_set = {}
@@ -103,7 +103,7 @@ def test_raganato_counts_and_overlap():
 
 
 def test_semcor_full_counts():
-    from elmo.probe.wsd import read_raganato
+    from torchelmo.probe.wsd import read_raganato
     d = ("data", "wsd", "semcor")
     sc = read_raganato(shared_path(*d, "semcor.data.xml.gz"), shared_path(*d, "semcor.gold.key.txt.gz"))
     assert len(sc.sentences) == 37176 and len(sc.instances) == 226171
@@ -114,7 +114,7 @@ def test_semcor_full_counts():
 
 
 def test_wsd_bad_input(tmp_path):
-    from elmo.probe.wsd import read_raganato, read_sense_index
+    from torchelmo.probe.wsd import read_raganato, read_sense_index
     x = tmp_path / "t.data.xml"
     k = tmp_path / "t.gold.key.txt"
     k.write_text("d0.s0.t0 bank%1:14:00::\n")
@@ -136,7 +136,7 @@ def test_wsd_bad_input(tmp_path):
 
 
 def test_sense_index_first_senses():
-    from elmo.probe.wsd import read_sense_index
+    from torchelmo.probe.wsd import read_sense_index
     first = read_sense_index(shared_path("data", "wsd", "wordnet-sense-index", "index.sense"))
     assert first[("bank", "n")] == "bank%1:17:01::"
     assert first[("say", "v")] == "say%2:32:00::"
@@ -219,7 +219,7 @@ def test_feature_cache_is_exact_and_reused(fixture_model, tmp_path):
 # -- probes --------------------------------------------------------------------------------------
 
 def test_pos_probe_beats_majority(fixture_model, tmp_path):
-    from elmo.probe.pos import ProbeConfig, run_pos
+    from torchelmo.probe.pos import ProbeConfig, run_pos
     sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 300), ("dev", 80), ("test", 100))]
     feats = [extract(fixture_model, [s.tokens for s in ss], tmp_path, name=n, progress=False)
              for ss, n in zip(sets, "abc")]
@@ -239,7 +239,7 @@ def test_pos_probe_beats_majority(fixture_model, tmp_path):
 
 
 def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
-    from elmo.probe.wsd import read_raganato, read_sense_index, run_wsd
+    from torchelmo.probe.wsd import read_raganato, read_sense_index, run_wsd
     d = ("data", "wsd", "semcor")
     sc = read_raganato(shared_path(*d, "semcor.data.xml.gz"), shared_path(*d, "semcor.gold.key.txt.gz"),
                        limit=1500)
@@ -260,7 +260,7 @@ def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
         assert p["ci"][0] <= p["diff"] <= p["ci"][1]
     # Where the 1-NN has a choice (2+ candidate senses seen in SemCor), it beats choosing uniformly
     # among the same candidates (the majority-class analogue for a per-lemma decision).
-    from elmo.probe.wsd import build_inventory, predict_1nn
+    from torchelmo.probe.wsd import build_inventory, predict_1nn
     inv = build_inventory(sc, ftr)
     rows = [j for j, i in enumerate(test.instances) if len(inv.candidates.get((i.lemma, i.pos), [])) >= 2]
     assert len(rows) > 1000
@@ -279,7 +279,7 @@ def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
 
 
 def test_ner_tagger_learns_and_runs(fixture_model, tmp_path):
-    from elmo.probe.ner import TaggerConfig, encode_bio, run_ner
+    from torchelmo.probe.ner import TaggerConfig, encode_bio, run_ner
     sets = [read_conll(wnut(f), limit=n) for f, n in
             (("wnut17train.conll", 400), ("emerging.dev.conll", 100), ("emerging.test.annotated", 100))]
     tags = tuple([s.tags for s in ss] for ss in sets)
@@ -298,7 +298,7 @@ def test_ner_tagger_learns_and_runs(fixture_model, tmp_path):
 
 
 def test_static_embeddings(tmp_path):
-    from elmo.probe.ner import train_static_embeddings
+    from torchelmo.probe.ner import train_static_embeddings
     emb = train_static_embeddings([shared_path("data", "lm", "ptb", "ptb.valid.txt")], dim=50,
                                   cache_dir=tmp_path, log=lambda m: None)
     i = {w: k for k, w in enumerate(emb.words)}
@@ -312,7 +312,7 @@ def test_static_embeddings(tmp_path):
 
 
 def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
-    from elmo.cli import main
+    from torchelmo.cli import main
     out = tmp_path / "out"
     rc = main(["probe", "all", "--model", str(allennlp_dir), "--data", str(shared_path("data")),
                "--out", str(out), "--tasks", "pos,wsd", "--limit", "120", "--limit-semcor", "400",
@@ -342,7 +342,7 @@ def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
 def test_ner_tagger_is_not_stopped_before_min_epochs():
     # Noise features and a dev set without entities: dev F1 stays 0 from epoch 1, yet the tagger must get min_epochs before
     # early stopping (entities are rare; a real tagger predicts all O for its first epochs).
-    from elmo.probe.ner import TaggerConfig, TaggingData, train_tagger
+    from torchelmo.probe.ner import TaggerConfig, TaggingData, train_tagger
     rng = np.random.default_rng(0)
     labels = ["O", "B-person", "I-person"]
 
@@ -362,9 +362,9 @@ def test_ner_tagger_is_not_stopped_before_min_epochs():
 
 def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):
     # Layer names used to stop at E4: a biLM with 5 LSTM layers (E0 .. E5) raised IndexError.
-    from elmo.probe.pos import ProbeConfig, run_pos
-    from elmo.probe.report import render, summarize_pos, summarize_wsd
-    from elmo.probe.wsd import read_raganato, read_sense_index, run_wsd
+    from torchelmo.probe.pos import ProbeConfig, run_pos
+    from torchelmo.probe.report import render, summarize_pos, summarize_wsd
+    from torchelmo.probe.wsd import read_raganato, read_sense_index, run_wsd
     model = tiny_deep_model(5)
     names = [f"E{k}" for k in range(6)]
     sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 60), ("dev", 20), ("test", 20))]
@@ -391,8 +391,8 @@ def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):
 
 
 def test_cli_cache_folder_and_required_out(tmp_path, monkeypatch, capsys):
-    from elmo.cli import main
-    from elmo.probe.cli import default_cache_dir
+    from torchelmo.cli import main
+    from torchelmo.probe.cli import default_cache_dir
     model_dir = tmp_path / "model"
     tiny_deep_model(5).save_pretrained(model_dir)
     cache, out = tmp_path / "env-cache", tmp_path / "out"
@@ -426,7 +426,7 @@ def _summary(task, e1, e2, ci):
 
 
 def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(tmp_path):
-    from elmo.probe.report import ordering, render
+    from torchelmo.probe.report import ordering, render
     assert ordering("E1", "E2", {"diff": 0.004, "ci": [-0.001, 0.009]}) is None
     assert ordering("E1", "E2", {"diff": 0.004, "ci": [0.001, 0.009]}) == "E2"
     assert ordering("E1", "E2", {"diff": -0.004, "ci": [-0.009, -0.001]}) == "E1"
@@ -454,7 +454,7 @@ def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(t
 
 
 def test_static_corpus_is_read_as_sentence_files(tmp_path):
-    from elmo.probe.ner import train_static_embeddings
+    from torchelmo.probe.ner import train_static_embeddings
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(b"\xef\xbb\xbfThe cat sat\n\n" + b"the dog sat\na cat ran\n" * 3)
     emb = train_static_embeddings([corpus], dim=2, min_count=1, log=lambda m: None)

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from conftest import base_config
 
-from elmo import BiLM, ElmoConfig
-from elmo.bilm import Regularisation, sequence_dropout
-from elmo.errors import ElmoError
-from elmo.lm import LanguageModel
-from elmo.train import CHECKPOINT_NAME, TrainConfig, lm_from_checkpoint, load_checkpoint, train
+from torchelmo import BiLM, ElmoConfig
+from torchelmo.bilm import Regularisation, sequence_dropout
+from torchelmo.errors import ElmoError
+from torchelmo.lm import LanguageModel
+from torchelmo.train import CHECKPOINT_NAME, TrainConfig, lm_from_checkpoint, load_checkpoint, train
 
 
 def _bilm(seed=0, regularisation=None):

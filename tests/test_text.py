@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from elmo.cli import main
-from elmo.corpus import Corpus
-from elmo.errors import ElmoError
-from elmo.text import count_lines, length_batches, read_lines, read_sentences
-from elmo.vocab import Vocabulary
+from torchelmo.cli import main
+from torchelmo.corpus import Corpus
+from torchelmo.errors import ElmoError
+from torchelmo.text import count_lines, length_batches, read_lines, read_sentences
+from torchelmo.vocab import Vocabulary
 
 BOM = "\ufeff"
 

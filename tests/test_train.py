@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmo.cli import main as cli_main
-from elmo.corpus import Corpus
-from elmo.errors import ElmoError
-from elmo.lm import LanguageModel
-from elmo.train import CHECKPOINT_NAME, train
-from elmo.vocab import Vocabulary
+from torchelmo.cli import main as cli_main
+from torchelmo.corpus import Corpus
+from torchelmo.errors import ElmoError
+from torchelmo.lm import LanguageModel
+from torchelmo.train import CHECKPOINT_NAME, train
+from torchelmo.vocab import Vocabulary
 
 from conftest import base_config, shared_path
 
@@ -79,7 +79,7 @@ def test_tiny_run_beats_unigram(tmp_path, ptb_slice):
 
 
 def _train_cmd(out, data, vocab, steps, extra=()):
-    return [sys.executable, "-m", "elmo.cli", "train", "--train", str(data), "--vocab", str(vocab),
+    return [sys.executable, "-m", "torchelmo.cli", "train", "--train", str(data), "--vocab", str(vocab),
             "--out", str(out), "--model", "tiny", "--batch-size", "8", "--unroll", "10",
             "--max-steps", str(steps), "--checkpoint-every", "20", "--log-every", "20",
             "--softmax", "sampled", "--num-samples", "300", "--dropout", "0.1", "--threads", "1",
@@ -249,8 +249,8 @@ def test_init_from_continues_with_new_vocab(tmp_path, fixture_corpus, ptb_slice)
 
 
 def test_grad_accum_bound_keeps_micro_batch_seeds_distinct(tmp_path, fixture_corpus):
-    from elmo.train import MAX_GRAD_ACCUM
-    from elmo.train.trainer import micro_seed
+    from torchelmo.train import MAX_GRAD_ACCUM
+    from torchelmo.train.trainer import micro_seed
     data, vocab = fixture_corpus
     with pytest.raises(ElmoError, match=f"grad_accum must be at most {MAX_GRAD_ACCUM}"):
         base_config(tmp_path, data, vocab, grad_accum=MAX_GRAD_ACCUM + 1)
@@ -260,7 +260,7 @@ def test_grad_accum_bound_keeps_micro_batch_seeds_distinct(tmp_path, fixture_cor
 
 
 def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypatch):
-    import elmo.train.checkpoint as ckpt_io
+    import torchelmo.train.checkpoint as ckpt_io
     data, vocab = fixture_corpus
     out = tmp_path / "run"
     argv = ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmo import BiLM, ElmoConfig, ElmoError
-from elmo import weights as W
+from torchelmo import BiLM, ElmoConfig, ElmoError
+from torchelmo import weights as W
 
 SENTS = [["The", "cat", "sat", "."], ["Ein", "Satz", "über", "北京", "😀"], ["x"]]
 

@@ -6,7 +6,7 @@
     config           the TrainConfig as a dict (resuming needs nothing else)
     model_options    the biLM's published options; cutoffs: the adaptive softmax's, or None
     model            the LM's state dict; optimizer: the optimizer's
-    data             the batcher's position (see elmo.data)
+    data             the batcher's position (see torchelmo.data)
     lstm_state       the carried LSTM state of all global rows, per layer (c, h), or None
     rng              per rank: torch, python and CUDA generator states
     world_size       ranks that wrote it

@@ -1,4 +1,4 @@
-"""``elmo embed`` and ``elmo embed-merge``: the command line over :mod:`elmo.embed`."""
+"""``elmo embed`` and ``elmo embed-merge``: the command line over :mod:`torchelmo.embed`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Readers for tagged sentences: CoNLL-U (UD treebanks, UPOS or XPOS) and two-column CoNLL (WNUT-17).
 
-Both return :class:`TaggedSentence` lists. Malformed input raises :class:`~elmo.errors.ElmoError`
+Both return :class:`TaggedSentence` lists. Malformed input raises :class:`~torchelmo.errors.ElmoError`
 naming the file and the line.
 """
 

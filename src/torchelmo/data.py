@@ -1,7 +1,7 @@
 """Training batches of the biLM: what each direction reads, and the two batching schemes.
 
-The sentences come from a :class:`~elmo.corpus.Corpus`; targets are ids of a
-:class:`~elmo.vocab.Vocabulary`.
+The sentences come from a :class:`~torchelmo.corpus.Corpus`; targets are ids of a
+:class:`~torchelmo.vocab.Vocabulary`.
 
 What the two LMs read, per sentence ``w1 .. wn`` (as bilm-tf)::
 
@@ -99,7 +99,7 @@ def make_batch(rows: Sequence[tuple[list[str], list[int], list[str], list[int]]]
 
 def sentence_rows(sent: Sequence[str], vocab: Vocabulary) -> tuple[list[str], list[int], list[str], list[int]]:
     """The two LMs' inputs and targets for one sentence: each direction's view (see
-    :func:`elmo.bilm.lm_sequences`) without its last token, and its vocabulary ids from the second on."""
+    :func:`torchelmo.bilm.lm_sequences`) without its last token, and its vocabulary ids from the second on."""
     fwd, bwd = lm_sequences(sent)
     return fwd[:-1], vocab.ids(fwd[1:]), bwd[:-1], vocab.ids(bwd[1:])
 

@@ -1,6 +1,6 @@
 """WSD data: Raganato et al.'s (2017) unified format, its gold keys, and WordNet's ``index.sense``.
 
-Malformed input raises :class:`~elmo.errors.ElmoError` naming the file and the line. Files may be
+Malformed input raises :class:`~torchelmo.errors.ElmoError` naming the file and the line. Files may be
 gzipped (``.gz``).
 """
 

@@ -1,4 +1,4 @@
-"""The outer loop of :class:`~elmo.train.Trainer`: steps, logging, validation, checkpoints, and
+"""The outer loop of :class:`~torchelmo.train.Trainer`: steps, logging, validation, checkpoints, and
 the model directories at the end."""
 
 from __future__ import annotations

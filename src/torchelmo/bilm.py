@@ -213,7 +213,7 @@ class BiLM(nn.Module):
 
     # -- public API ------------------------------------------------------------------------------
     def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
-        """Parameters: ``char_ids (B, T, 50)`` from :func:`elmo.batch_to_ids` (no ``<S>``/``</S>``).
+        """Parameters: ``char_ids (B, T, 50)`` from :func:`torchelmo.batch_to_ids` (no ``<S>``/``</S>``).
 
         Returns :class:`BiLMOutput` with layers ``(B, T, 2P)`` (``T + 2`` with the boundaries kept).
         """

@@ -1,4 +1,4 @@
-"""The bidirectional language model that is trained: :class:`~elmo.bilm.BiLM` + a shared softmax.
+"""The bidirectional language model that is trained: :class:`~torchelmo.bilm.BiLM` + a shared softmax.
 
 Loss (bilm-tf): ``0.5 * (L_fwd + L_bwd)``, each the mean negative log-likelihood per target of
 its direction. Dropout as bilm-tf: on each LSTM layer's input (``BiLM.dropout``, the residual adds

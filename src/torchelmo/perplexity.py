@@ -1,4 +1,4 @@
-"""``elmo perplexity``: the command line over :meth:`elmo.lm.LanguageModel.perplexity`."""
+"""``elmo perplexity``: the command line over :meth:`torchelmo.lm.LanguageModel.perplexity`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``elmo train``: the command line over :func:`elmo.train.train`."""
+"""``elmo train``: the command line over :func:`torchelmo.train.train`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Every command that reads text (``elmo embed``, ``elmo vocab``, ``elmo train``, ``elmo perplexity``,
 the probes' corpora) reads it through :func:`read_lines`, so they share one policy:
 
-* invalid UTF-8 is an :class:`~elmo.errors.ElmoError` naming the file, line and byte
+* invalid UTF-8 is an :class:`~torchelmo.errors.ElmoError` naming the file, line and byte
   (``errors="replace"`` turns bad bytes into U+FFFD instead);
 * a UTF-8 byte-order mark at the very start of a file is dropped (editors on Windows write one;
   kept, it would glue itself to the first token);

@@ -14,8 +14,8 @@ A run directory holds::
     model/              the final LM
     published/          the final biLM exported to the published options.json + HDF5
 
-Distributed: ``torchrun --nproc_per_node N -m elmo.cli train ...`` (gloo on CPU, nccl on GPU).
-Each rank computes the rows of the global batch it owns (see :mod:`elmo.data`); gradients are
+Distributed: ``torchrun --nproc_per_node N -m torchelmo.cli train ...`` (gloo on CPU, nccl on GPU).
+Each rank computes the rows of the global batch it owns (see :mod:`torchelmo.data`); gradients are
 averaged by DistributedDataParallel with the loss normalised by the global number of targets, so
 N ranks with global batch B compute the same steps as one process with batch B.
 """

@@ -1,4 +1,4 @@
-"""The training loop: build the LM, step, validate, checkpoint (see :mod:`elmo.train`)."""
+"""The training loop: build the LM, step, validate, checkpoint (see :mod:`torchelmo.train`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """``elmo embed``: ELMo vectors for tokenised sentences, from Python or for a text file into HDF5.
 
-* :mod:`elmo.embed.engine`: the batching engine and the Python API, :func:`embed_sentences` (a
+* :mod:`torchelmo.embed.engine`: the batching engine and the Python API, :func:`embed_sentences` (a
   list in, a list of arrays out), :func:`iter_embed` (any iterable of sentences, streaming) and
   :func:`embed_batch` (one batch as given);
-* :mod:`elmo.embed.hdf5`: :func:`iter_embed_file`, :func:`embed_file` (AllenNLP's ``elmo`` HDF5
+* :mod:`torchelmo.embed.hdf5`: :func:`iter_embed_file`, :func:`embed_file` (AllenNLP's ``elmo`` HDF5
   layout, described there), sharding and :func:`merge_shards`;
-* :mod:`elmo.embed.cli`: the ``elmo embed`` and ``elmo embed-merge`` commands.
+* :mod:`torchelmo.embed.cli`: the ``elmo embed`` and ``elmo embed-merge`` commands.
 """
 
 from ..text import count_lines

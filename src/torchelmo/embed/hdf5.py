@@ -38,12 +38,12 @@ from ..fileio import atomic_path
 from ..text import Line, LineReader, count_lines, read_lines
 from .engine import WINDOW_LINES, ElmoWarning, OnBatch, check_modes, iter_embed_indexed, start
 
-# h5py and tqdm are imported where used: `import elmo.embed` (and `elmo --help`) stays light.
+# h5py and tqdm are imported where used: `import torchelmo.embed` (and `elmo --help`) stays light.
 
 INDEX_DATASET = "sentence_to_index"
 ATTR_LAYERS, ATTR_POOL, ATTR_LINES, ATTR_SHARD = "elmo_layers", "elmo_pool", "elmo_n_lines", "elmo_shard"
 BLANK_WARNINGS = 5                # blank lines named one by one; the rest are counted
-UTF8_HINT = "; fix the file or use --errors replace"   # appended to elmo.text's invalid-UTF-8 error
+UTF8_HINT = "; fix the file or use --errors replace"   # appended to torchelmo.text's invalid-UTF-8 error
 
 
 def check_shard(shard: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -122,7 +122,7 @@ def iter_embed_file(model: BiLM, path: str | Path, layers: str = "all", *, pool:
                     window_lines: int = WINDOW_LINES, on_batch: OnBatch | None = None,
                     ) -> Iterator[tuple[int, np.ndarray]]:
     """Embed a text file line by line: yields ``(line index, array)`` in input order, arrays
-    shaped as in :func:`elmo.embed.iter_embed` (``(L, n, 2P)``, ``(n, 2P)``, pooled ``(L, 2P)``,
+    shaped as in :func:`torchelmo.embed.iter_embed` (``(L, n, 2P)``, ``(n, 2P)``, pooled ``(L, 2P)``,
     ``(2P,)``).
 
     Blank lines give zero-length arrays and an :class:`ElmoWarning` naming them.

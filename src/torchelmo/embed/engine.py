@@ -249,7 +249,7 @@ def iter_embed(model: BiLM, sentences: Iterable[Sequence[str]], layers: str = "a
     on_batch : called with (sentences, tokens) after each batch.
 
     An empty sentence gives a zero-length array, without a warning (see
-    :func:`elmo.embed.iter_embed_file`).
+    :func:`torchelmo.embed.iter_embed_file`).
     """
     batching = start(model, batch_size, max_tokens_per_batch, window_lines)
 
