@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,9 @@ CHECKPOINT_NAME = "checkpoint.pt"
 KEPT_DIR = "checkpoints"
 FORMAT_VERSION = 1
 REQUIRED_KEYS = {"model", "model_options", "config"}
+# What resuming reads beyond REQUIRED_KEYS; a file without them can still be averaged or scored.
+RESUME_KEYS = {"optimizer", "data", "lstm_state", "rng", "world_size", "step", "tokens_seen", "elapsed",
+               "best", "bad_evals", "lr_scale"}
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Progress:
     best: float = math.inf          # best mean validation perplexity
     bad_evals: int = 0              # validations since the best one
     lr_scale: float = 1.0           # product of lr decays so far
+    last_valid_step: int | None = None   # the step of the last validation
 
 
 def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, optimizer: torch.optim.Optimizer,
@@ -59,7 +65,7 @@ def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, opt
         "model": lm.state_dict(), "optimizer": optimizer.state_dict(), "data": data_state,
         "lstm_state": lstm_state, "rng": rng, "best": progress.best, "bad_evals": progress.bad_evals,
         "lr_scale": progress.lr_scale, "model_options": lm.bilm.config.to_options(),
-        "cutoffs": getattr(lm.softmax, "cutoffs", None),
+        "cutoffs": getattr(lm.softmax, "cutoffs", None), "last_valid_step": progress.last_valid_step,
     }
 
 
@@ -90,11 +96,23 @@ def keep_checkpoint(out_dir: str | Path, step: int, keep: int) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint as written by :func:`save_checkpoint`; anything else is an :class:`ElmoError`."""
+    """A checkpoint as written by :func:`save_checkpoint`; anything else is an :class:`ElmoError`.
+
+    Only tensors and plain data are unpickled (``weights_only``): a file that would run code or
+    build other objects is refused, never executed."""
+    path = Path(path)
+    if path.is_dir():
+        raise ElmoError(f"{path}: is a directory, not a checkpoint file")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?i)unsupported global:? GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise ElmoError(f"{path}: refused: holds Python objects{what} beyond tensors and plain data; "
+                        "elmo loads only checkpoints it wrote") from None
     except Exception as e:  # a checkpoint is only ever replaced atomically, so this is a foreign file
-        raise ElmoError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
+        msg = " ".join(str(e).split())[:200]
+        raise ElmoError(f"{path}: cannot read checkpoint ({type(e).__name__}: {msg})") from None
     if not isinstance(ckpt, dict) or not REQUIRED_KEYS <= set(ckpt):
         raise ElmoError(f"{path}: not an elmo training checkpoint")
     return ckpt
@@ -107,19 +125,29 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any]) -> tuple[
     ``settings``. Without a checkpoint (a first run under ``--resume``), ``settings`` as given and None.
     """
     path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
-    if path is None or not path.is_file():
+    if path is None or not path.exists():
         return settings, None
     ckpt = load_checkpoint(path)
+    missing = sorted(RESUME_KEYS - set(ckpt))
+    if missing:
+        raise ElmoError(f"{path}: cannot resume from it: missing {', '.join(missing)}")
+    if not isinstance(ckpt["config"], dict):
+        raise ElmoError(f"{path}: its config is a {type(ckpt['config']).__name__}, not an object")
     return {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}, ckpt
 
 
-def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher) -> Progress:
+def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher,
+            path: str | Path = CHECKPOINT_NAME) -> Progress:
     """Load the model, optimizer and data position; returns the run's progress."""
-    lm.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    batcher.load_state_dict(ckpt["data"])
-    return Progress(ckpt["step"], ckpt["tokens_seen"], ckpt["elapsed"], ckpt["best"], ckpt["bad_evals"],
-                    ckpt["lr_scale"])
+    try:
+        lm.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        batcher.load_state_dict(ckpt["data"])
+        return Progress(int(ckpt["step"]), int(ckpt["tokens_seen"]), float(ckpt["elapsed"]), float(ckpt["best"]),
+                        int(ckpt["bad_evals"]), float(ckpt["lr_scale"]), ckpt.get("last_valid_step"))
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:
+        msg = " ".join(str(e).split())[:200]
+        raise ElmoError(f"{path}: does not fit the run it configures ({type(e).__name__}: {msg})") from None
 
 
 def rng_state(device: torch.device) -> dict:

@@ -80,6 +80,7 @@ def run_loop(t: Trainer) -> dict:
                 window = _Window()
             if cfg.valid and t.step % cfg.eval_every == 0:
                 last_eval = t.validate(metrics)
+                p.last_valid_step = t.step
                 stopped_early = cfg.patience is not None and p.bad_evals >= cfg.patience
             if t.step % cfg.checkpoint_every == 0 or stopped_early:
                 t.save_checkpoint()
@@ -102,8 +103,11 @@ def run_loop(t: Trainer) -> dict:
 def _finish(t: Trainer, metrics: MetricsLog | None, last_eval: dict | None) -> dict | None:
     """A final validation and checkpoint, and the model directories (rank 0)."""
     cfg, p = t.cfg, t.progress
-    if cfg.valid and (last_eval is None or last_eval["step"] != t.step):
+    if cfg.valid and p.last_valid_step != t.step:
         last_eval = t.validate(metrics)
+        p.last_valid_step = t.step
+    elif cfg.valid and last_eval is None and metrics is not None:
+        last_eval = metrics.last_valid   # a resumed run that had validated this step already
     if t.last_checkpoint_step != t.step:
         t.save_checkpoint()
     if t.env.is_main:

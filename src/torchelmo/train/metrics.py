@@ -16,11 +16,20 @@ class MetricsLog:
         """Start the log; on resume (``resumed_at`` = the checkpoint's step) drop what was logged
         after the checkpoint: those steps are recomputed now."""
         path = Path(out_dir) / METRICS_NAME
+        self.last_valid: dict | None = None   # the last validation kept from before a resume
         if resumed_at is not None and path.is_file():
-            keep = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resumed_at]
+            keep = []
+            for ln in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(ln)
+                except json.JSONDecodeError:  # a line cut short by a kill: recomputed anyway
+                    continue
+                if isinstance(entry, dict) and entry.get("step", 0) <= resumed_at:
+                    keep.append(ln)
+                    if "valid_ppl_mean" in entry:
+                        self.last_valid = entry
             with atomic_path(path) as tmp:
-                tmp.write_text("".join(ln + "\n" for ln in keep))
+                tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
         elif resumed_at is None:
             path.write_text("")
         self.file = open(path, "a", encoding="utf-8")

@@ -136,7 +136,8 @@ class Trainer:
             ckpt_io.keep_checkpoint(self.out, self.step, self.cfg.keep_checkpoints)
 
     def _restore(self, ckpt: dict) -> None:
-        self.progress = ckpt_io.restore(ckpt, self.lm, self.optimizer, self.batcher)
+        self.progress = ckpt_io.restore(ckpt, self.lm, self.optimizer, self.batcher,
+                                         self.out / ckpt_io.CHECKPOINT_NAME)
         self.last_checkpoint_step = self.step
         if ckpt["lstm_state"] is not None:
             rows = self.batcher.rows
