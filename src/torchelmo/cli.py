@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, average, info, perplexity, vocab
+from . import __version__, average, export, info, perplexity, vocab
 from .embed import cli as embed_cli
 from .errors import ElmoError
 from .probe import cli as probe_cli
 from .train import cli as train_cli
 
 # In the order `elmo --help` lists them.
-COMMAND_MODULES = [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli]
+COMMAND_MODULES = [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli, export]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,302 @@
+"""Export the biLM for serving: TorchScript and ONNX.
+
+The exported graph takes character ids ``(B, T, 50)`` (as :func:`torchelmo.batch_to_ids` makes
+them; all-zero rows are padding) and returns the layer stack ``(L, B, T, 2P)`` (E0 .. E_n, zeros
+at padding) and the mask ``(B, T)``; batch size and length are dynamic. It computes what
+:class:`~torchelmo.bilm.BiLM` computes in evaluation mode from the zero state, in a form the
+compilers accept:
+
+* the char-CNN as plain convolutions with a max over positions (the eager encoder's
+  deduplication, length grouping and ``unfold`` have no ONNX or TorchScript form);
+* each LSTM direction as one loop over time for the whole batch, rows past their length kept
+  frozen by a mask (the eager path's length-sorted, shrinking batch needs Python-side lengths).
+
+The module is compiled with ``torch.jit.script``, so the time loop stays a loop. ONNX goes
+through the TorchScript-based exporter (``dynamo=False``), which turns that scripted loop into
+an ONNX ``Loop`` with a dynamic trip count; a traced or ``torch.export``-ed graph would fix the
+length, or need the loop rewritten as a higher-order op.
+
+Weights are read through the published layout (``torchelmo.weights``), the one description of
+a biLM's parameters that every format shares, so this module does not depend on how the eager
+layers store them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import weights
+from .bilm import BiLM
+from .chars import BOS_IDS, EOS_IDS, batch_to_ids
+from .errors import ElmoError
+
+FORMATS = ("onnx", "torchscript")
+SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
+INPUT_NAMES, OUTPUT_NAMES = ["char_ids"], ["layers", "mask"]
+OPSET = 17
+FORGET_BIAS = 1.0
+
+
+class _LstmLayer(nn.Module):
+    """One layer, both directions: ``w_x (2, in, 4D)``, ``w_h (2, P, 4D)``, ``bias (2, 4D)``
+    (forget bias folded in), ``w_p (2, D, P)``."""
+
+    def __init__(self, w0: torch.Tensor, b: torch.Tensor, w_p: torch.Tensor, in_dim: int) -> None:
+        super().__init__()
+        D = w_p.shape[1]
+        b = b.clone()
+        b[:, 2 * D:3 * D] += FORGET_BIAS
+        self.w_x = nn.Parameter(w0[:, :in_dim].contiguous())
+        self.w_h = nn.Parameter(w0[:, in_dim:].contiguous())
+        self.bias = nn.Parameter(b)
+        self.w_p = nn.Parameter(w_p.contiguous())
+
+
+class ExportableBiLM(nn.Module):
+    """The biLM's inference computation, scriptable and exportable (float32, zero initial state)."""
+
+    # Constants to the compiler: the branches on them are resolved at compile time.
+    __constants__ = ("cell_clip", "proj_clip", "use_cell_clip", "use_proj_clip", "skip", "relu", "n_filters")
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        cfg = bilm.config
+        a = {name: torch.from_numpy(get()) for name, _, get, _ in weights._published_layout(bilm)}
+        E, n = cfg.char_embed_dim, cfg.n_filters
+        self.cell_clip = float(cfg.cell_clip or 0.0)
+        self.proj_clip = float(cfg.proj_clip or 0.0)
+        self.use_cell_clip = cfg.cell_clip is not None
+        self.use_proj_clip = cfg.proj_clip is not None
+        self.skip = bool(cfg.use_skip_connections)
+        self.relu = cfg.activation == "relu"
+        self.n_filters = n
+        # Row 0 (a padded token position's id) stays zero, as in the eager model.
+        self.char_embed = nn.Parameter(torch.cat([torch.zeros(1, E), a["char_embed"]]))
+        self.convs = nn.ModuleList()
+        for i, (w, count) in enumerate(cfg.filters):
+            conv = nn.Conv1d(E, count, w)
+            conv.weight = nn.Parameter(a[f"CNN/W_cnn_{i}"][0].permute(2, 1, 0).contiguous())
+            conv.bias = nn.Parameter(a[f"CNN/b_cnn_{i}"])
+            self.convs.append(conv)
+        self.highways = nn.ModuleList()
+        for k in range(cfg.n_highway):
+            hw = nn.Linear(n, 2 * n)   # rows [0, n): transform, [n, 2n): carry
+            hw.weight = nn.Parameter(torch.cat([a[f"CNN_high_{k}/W_transform"].T,
+                                                a[f"CNN_high_{k}/W_carry"].T]).contiguous())
+            hw.bias = nn.Parameter(torch.cat([a[f"CNN_high_{k}/b_transform"], a[f"CNN_high_{k}/b_carry"]]))
+            self.highways.append(hw)
+        self.proj = nn.Linear(n, cfg.projection_dim)
+        self.proj.weight = nn.Parameter(a["CNN_proj/W_proj"].T.contiguous())
+        self.proj.bias = nn.Parameter(a["CNN_proj/b_proj"])
+        self.lstm = nn.ModuleList()
+        for k in range(cfg.n_layers):
+            cell = [f"RNN_{d}/RNN/MultiRNNCell/Cell{k}/LSTMCell" for d in range(2)]
+            self.lstm.append(_LstmLayer(torch.stack([a[f"{c}/W_0"] for c in cell]),
+                                        torch.stack([a[f"{c}/B"] for c in cell]),
+                                        torch.stack([a[f"{c}/W_P_0"] for c in cell]), cfg.projection_dim))
+        self.register_buffer("bos", torch.tensor(BOS_IDS, dtype=torch.long), persistent=False)
+        self.register_buffer("eos", torch.tensor(EOS_IDS, dtype=torch.long), persistent=False)
+        self.requires_grad_(False)
+        self.eval()
+
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(N, 50)`` char ids -> ``(N, P)`` token embeddings."""
+        x = F.embedding(ids, self.char_embed).transpose(1, 2)        # (N, E, 50)
+        pooled = [conv(x).amax(dim=-1) for conv in self.convs]
+        h = torch.cat(pooled, dim=-1)
+        h = torch.relu(h) if self.relu else torch.tanh(h)
+        for hw in self.highways:
+            y = hw(h)
+            g = torch.sigmoid(y[:, self.n_filters:])
+            h = g * torch.relu(y[:, :self.n_filters]) + (1.0 - g) * h
+        return self.proj(h)
+
+    def run_layer(self, layer: _LstmLayer, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """``x (2, B, S, in)`` -> ``(2, B, S, P)``; ``valid (1, B, S, 1)``: steps past a row's
+        length leave its state as it was and output zeros."""
+        B, S = x.shape[1], x.shape[2]
+        D, P = layer.w_p.shape[1], layer.w_p.shape[2]
+        xw = torch.matmul(x, layer.w_x.unsqueeze(1)) + layer.bias.view(2, 1, 1, 4 * D)  # (2, B, S, 4D)
+        c = x.new_zeros(2, B, D)
+        h = x.new_zeros(2, B, P)
+        steps: list[torch.Tensor] = []
+        for t in range(S):
+            z = xw[:, :, t] + torch.bmm(h, layer.w_h)
+            i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
+            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
+            if self.use_cell_clip:
+                c_new = c_new.clamp(-self.cell_clip, self.cell_clip)
+            h_new = torch.bmm(torch.sigmoid(o) * torch.tanh(c_new), layer.w_p)
+            if self.use_proj_clip:
+                h_new = h_new.clamp(-self.proj_clip, self.proj_clip)
+            m = valid[:, :, t]                                       # (1, B, 1)
+            c = torch.where(m, c_new, c)
+            h = torch.where(m, h_new, h)
+            steps.append(h_new * m.to(h_new.dtype))
+        return torch.stack(steps, dim=2)
+
+    def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, C = char_ids.shape
+        mask = char_ids[:, :, 0] > 0
+        lengths = mask.sum(dim=1)
+        # <S> first, </S> after each row's last token, padding after that.
+        pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)          # (1, T + 2)
+        ids = torch.cat([self.bos.view(1, 1, C).expand(B, 1, C), char_ids,
+                         char_ids.new_zeros(B, 1, C)], dim=1)
+        ids = torch.where((pos == (lengths + 1).unsqueeze(1)).unsqueeze(-1), self.eos.view(1, 1, C), ids)
+        full = pos < (lengths + 2).unsqueeze(1)                                  # (B, T + 2)
+        e = self.encode(ids.reshape(-1, C)).view(B, T + 2, -1) * full.unsqueeze(-1).to(torch.float32)
+        # Each row reversed within its own length: the backward LM's reading order (an involution).
+        L = (lengths + 2).unsqueeze(1)
+        rev = torch.where(pos < L, L - 1 - pos, pos).unsqueeze(-1).expand(B, T + 2, e.shape[-1])
+        x = torch.stack([e, e.gather(1, rev)])                                     # (2, B, T + 2, P)
+        valid = full.view(1, B, T + 2, 1)
+        layers = [torch.cat([e, e], dim=-1)]
+        for k, layer in enumerate(self.lstm):
+            out = self.run_layer(layer, x, valid)
+            if self.skip and k > 0:
+                out = out + x
+            layers.append(torch.cat([out[0], out[1].gather(1, rev)], dim=-1))
+            x = out
+        stack = torch.stack(layers)[:, :, 1:T + 1]
+        # unsqueeze, not view(1, B, T, 1): in ONNX a 0 in a reshape target copies the input's size.
+        return stack * mask.unsqueeze(0).unsqueeze(-1).to(stack.dtype), mask
+
+
+# Mixed lengths (padding, a token past the 50-character limit) to check an export against.
+CHECK_SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"], [],
+                   ["Pneumonoultramicroscopicsilicovolcanoconiosis-is-a-very-long-token", "x"]]
+
+
+def exportable(bilm: BiLM) -> torch.jit.ScriptModule:
+    """The biLM as a scripted module: ``char_ids (B, T, 50) -> (layers (L, B, T, 2P), mask (B, T))``."""
+    if bilm.stateful:
+        raise ElmoError("export: a stateful biLM carries state between batches; the export "
+                        "starts every sentence from the zero state (load the model without stateful=True)")
+    with warnings.catch_warnings():
+        # Deprecated in favour of torch.export, which cannot keep a loop of dynamic length.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(ExportableBiLM(bilm))
+
+
+def format_for(out: str | Path, fmt: str | None) -> str:
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ElmoError(f"export: unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+        return fmt
+    suffix = Path(out).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ElmoError(f"export: {out}: cannot tell the format from the suffix "
+                        f"({', '.join(SUFFIXES)}); give --format {'|'.join(FORMATS)}")
+    return SUFFIXES[suffix]
+
+
+def _write_onnx(module: torch.jit.ScriptModule, example: torch.Tensor, out: Path, opset: int) -> None:
+    dynamic = {"char_ids": {0: "batch", 1: "tokens"}, "layers": {1: "batch", 2: "tokens"},
+               "mask": {0: "batch", 1: "tokens"}}
+    with warnings.catch_warnings():
+        # The TorchScript-based exporter is the one that keeps the scripted time loop (see the
+        # module docstring); its deprecation notice is not the user's concern.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(module, (example,), str(out), dynamo=False, input_names=INPUT_NAMES,
+                          output_names=OUTPUT_NAMES, dynamic_axes=dynamic, opset_version=opset)
+
+
+def run_exported(path: str | Path, char_ids: torch.Tensor, fmt: str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run an exported file (TorchScript with torch, ONNX with onnxruntime) on CPU."""
+    fmt = format_for(path, fmt)
+    if fmt == "torchscript":
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", DeprecationWarning)   # torch.jit.load: as in exportable
+            layers, mask = torch.jit.load(str(path), map_location="cpu")(char_ids)
+        return layers, mask
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ElmoError("running an ONNX model needs onnxruntime: pip install 'torchelmo[export]'") from None
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    layers, mask = session.run(OUTPUT_NAMES, {"char_ids": char_ids.cpu().numpy()})
+    return torch.from_numpy(layers), torch.from_numpy(mask)
+
+
+def max_difference(bilm: BiLM, path: str | Path, fmt: str | None = None,
+                   sentences: list[list[str]] | None = None) -> float:
+    """Largest absolute difference between an exported file's layers and the eager model's."""
+    ids = batch_to_ids(sentences or CHECK_SENTENCES)
+    was_training = bilm.training
+    try:
+        with torch.no_grad():
+            ref = bilm.eval()(ids.to(bilm.device))
+    finally:
+        bilm.train(was_training)
+    layers, mask = run_exported(path, ids, fmt)
+    if not torch.equal(mask, ref.mask.cpu()):
+        return float("inf")
+    return float((layers - torch.stack(ref.layers).float().cpu()).abs().max())
+
+
+def export(model: BiLM | str | Path, out: str | Path, format: str | None = None, *,
+           verify: bool = True, opset: int = OPSET) -> float | None:
+    """Write ``model`` (a :class:`BiLM` or anything :meth:`BiLM.from_pretrained` accepts) to
+    ``out`` as TorchScript or ONNX (``format``, or from the suffix: .onnx, .pt, .ts).
+
+    With ``verify``, the written file is run on sentences of mixed lengths and compared with the
+    eager model; returns that largest difference (None for ONNX without onnxruntime installed),
+    and raises :class:`ElmoError` if it exceeds 1e-4.
+    """
+    fmt = format_for(out, format)
+    bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)
+    module = exportable(bilm)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "torchscript":
+        module.save(str(out))
+    else:
+        _write_onnx(module, batch_to_ids(CHECK_SENTENCES), out, opset)
+    if not verify or (fmt == "onnx" and not _has("onnxruntime")):
+        return None
+    diff = max_difference(bilm, out, fmt)
+    if not diff <= 1e-4:
+        raise ElmoError(f"export: {out} differs from the eager model by {diff:.3g} (over 1e-4)")
+    return diff
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# ------------------------------------------------------------------------------------------------
+# elmo export
+# ------------------------------------------------------------------------------------------------
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("export", help="export the biLM to ONNX or TorchScript for serving",
+                       description="Write the biLM (char ids (B, T, 50) in; layers (L, B, T, 2P) and "
+                                   "mask (B, T) out; dynamic batch and length) as ONNX or TorchScript.")
+    p.add_argument("model", help="model directory, published name, Hub id, or 'default'")
+    p.add_argument("out", help="output file (.onnx, .pt or .ts unless --format is given)")
+    p.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's suffix)")
+    p.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset version (default {OPSET})")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip running the written file against the eager model")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    fmt = format_for(args.out, args.format)
+    diff = export(args.model, args.out, fmt, verify=not args.no_verify, opset=args.opset)
+    if args.no_verify:
+        note = "not verified"
+    elif diff is None:
+        note = "not verified (install onnxruntime: pip install 'torchelmo[export]')"
+    else:
+        note = f"matches the eager model (max |diff| {diff:.1e})"
+    print(f"wrote {args.out} ({fmt}); {note}")
+    return 0

@@ -1,0 +1,123 @@
+"""Export for serving: the ONNX model in onnxruntime and the TorchScript one in a fresh process
+equal the eager biLM on sentences of mixed lengths (padding included), batch and length dynamic."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
+from torchelmo.cli import main
+from torchelmo.export import export, exportable
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LONG = "Pneumonoultramicroscopicsilicovolcanoconiosis-and-then-some-more-characters"
+# Batches unlike the export's example input: other batch sizes, longer and shorter lengths.
+BATCHES = [
+    [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"], ["a"], [LONG, "x", "y"]],
+    [["only", "one", "sentence", "here"]],
+    [["w"] * 31, [], ["Überall", "北京", "😀"]],
+]
+
+
+def _eager(bilm, ids):
+    with torch.no_grad():
+        out = bilm(ids)
+    return torch.stack(out.layers), out.mask
+
+
+def _tiny_random(seed=0, **kw):
+    """Random weights with some spread in every tensor (biases included), so every gate matters."""
+    torch.manual_seed(seed)
+    shape = {"lstm_dim": 12, "projection_dim": 5, "char_embed_dim": 3, "n_highway": 1,
+             "filters": [[1, 4], [2, 4], [3, 6]]}
+    cfg = ElmoConfig(**{**shape, **kw})
+    model = BiLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.empty_like(p).uniform_(-0.3, 0.3))
+    return model
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return BiLM.from_pretrained("default")
+
+
+@pytest.mark.parametrize("kw", [{}, {"cell_clip": None, "proj_clip": None, "use_skip_connections": False,
+                                     "activation": "tanh", "n_highway": 0}])
+def test_scripted_module_equals_eager(kw):
+    bilm = _tiny_random(**kw)
+    scripted = exportable(bilm)
+    for batch in BATCHES:
+        ids = batch_to_ids(batch)
+        want, want_mask = _eager(bilm, ids)
+        with torch.no_grad():
+            got, mask = scripted(ids)
+        assert torch.equal(mask, want_mask)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert (got[:, ~mask] == 0).all()
+
+
+def test_onnx_in_onnxruntime_equals_eager(default_model, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "elmo.onnx"
+    diff = export(default_model, path)
+    assert diff is not None and diff <= 1e-5
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["char_ids"]
+    for batch in BATCHES:
+        ids = batch_to_ids(batch)
+        want, want_mask = _eager(default_model, ids)
+        layers, mask = session.run(["layers", "mask"], {"char_ids": ids.numpy()})
+        assert layers.shape == (3, len(batch), ids.shape[1], default_model.output_dim)
+        assert np.array_equal(mask, want_mask.numpy())
+        np.testing.assert_allclose(layers, want.numpy(), atol=1e-5, rtol=0)
+
+
+def test_torchscript_in_a_fresh_process_equals_eager(default_model, tmp_path):
+    path = tmp_path / "elmo.pt"
+    export(default_model, path)
+    inputs = [batch_to_ids(b) for b in BATCHES]
+    torch.save(inputs, tmp_path / "inputs.pt")
+    # Only torch in the new process: the file must not need this library to run.
+    code = ("import sys, torch\n"
+            "m = torch.jit.load(sys.argv[1])\n"
+            "with torch.no_grad():\n"
+            "    outs = [m(ids) for ids in torch.load(sys.argv[2])]\n"
+            "torch.save(outs, sys.argv[3])\n")
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "inputs.pt"),
+                    str(tmp_path / "outputs.pt")], check=True, timeout=120)
+    outs = torch.load(tmp_path / "outputs.pt")
+    for ids, (layers, mask) in zip(inputs, outs):
+        want, want_mask = _eager(default_model, ids)
+        assert torch.equal(mask, want_mask)
+        torch.testing.assert_close(layers, want, atol=1e-5, rtol=0)
+
+
+def test_cli_export_both_formats(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    model_dir = _tiny_random(seed=1).save_pretrained(tmp_path / "tiny")
+    for name, fmt in (("m.onnx", "onnx"), ("m.ts", "torchscript"), ("model.bin", "torchscript")):
+        extra = ["--format", fmt] if name.endswith(".bin") else []
+        assert main(["export", str(model_dir), str(tmp_path / name), *extra]) == 0
+        assert f"({fmt}); matches the eager model" in capsys.readouterr().out
+
+
+def test_cli_export_errors_are_one_line(tmp_path, capsys):
+    assert main(["export", "default", str(tmp_path / "model.bin")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot tell the format" in err and "--format" in err
+    with pytest.raises(ElmoError, match="stateful"):
+        export(BiLM.from_pretrained("default", stateful=True), tmp_path / "m.pt")
+
+
+def test_export_leaves_the_model_as_it_was(tmp_path):
+    bilm = _tiny_random(seed=2).train()
+    before = {k: v.clone() for k, v in bilm.state_dict().items()}
+    export(bilm, tmp_path / "m.pt")
+    assert bilm.training
+    assert all(torch.equal(v, before[k]) for k, v in bilm.state_dict().items())
