@@ -356,7 +356,8 @@ def test_shards_merge_to_the_unsharded_file(tmp_path, fixture_model, sentences, 
     shards = [tmp_path / f"part{k}.hdf5" for k in range(3)]
     for k, p in enumerate(shards):
         with pytest.warns(ElmoWarning) if k == 11 % 3 else _nothing():
-            s = embed_file(fixture_model, src, p, "all", shard=(k, 3))
+            s = embed_file(fixture_model, src, p, "all", shard=(k, 3),
+                           model_name=f"{model_args[1]} + {model_args[3]}")   # as the CLI names it
         assert s.sentences == len(range(k, len(lines), 3)) and s.lines == len(lines)
         with h5py.File(p, "r") as f:                         # global dataset names
             assert sorted(int(x) for x in f if x.isdigit()) == list(range(k, len(lines), 3))

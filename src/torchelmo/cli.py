@@ -13,6 +13,7 @@ from . import __version__, average, export, info, perplexity, vocab
 from .embed import cli as embed_cli
 from .errors import ElmoError
 from .probe import cli as probe_cli
+from .runtime import bar_safe_output
 from .train import cli as train_cli
 
 # In the order `elmo --help` lists them.
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with bar_safe_output(f"elmo {args.command}"):   # warnings and log lines stay off progress bars
+            return int(args.func(args) or 0)
     except ElmoError as e:
         print(f"elmo {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from .corpus import expand_files
 from .fileio import atomic_path
 from .lm import PERPLEXITY_MODES, LanguageModel
+from .runtime import add_device_args, apply_device_args
 
 
 def _run_perplexity(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    lm = LanguageModel.from_pretrained(args.model)
+    device = apply_device_args(args)
+    lm = LanguageModel.from_pretrained(args.model).to(device)
     files = expand_files(args.files)
     r = lm.perplexity(files, args.mode, batch_size=args.batch_size, unroll=args.unroll)
     r = {"model": str(args.model), "files": [str(f) for f in files], "mode": args.mode,
@@ -34,8 +32,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("--mode", choices=PERPLEXITY_MODES, default="sentence",
                    help="sentence: each sentence from a zero state; stream: the text as contiguous "
                         "streams with carried state (as word-level LM papers)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences (sentence) or streams (stream)")
-    p.add_argument("--unroll", type=int, default=20)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="sentences (sentence) or streams (stream) per batch (default 64)")
+    p.add_argument("--unroll", type=int, default=20, help="stream mode: tokens per step (default 20)")
+    add_device_args(p)
     p.add_argument("--json", default=None, help="also write the result to this file")
     p.set_defaults(func=_run_perplexity)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import warnings
@@ -11,6 +10,8 @@ import torch
 
 from ..bilm import BiLM
 from ..errors import ElmoError
+from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_device, show_progress,
+                       show_summary)
 from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard
 
@@ -39,7 +40,6 @@ def add_subcommand(sub) -> None:
     p.add_argument("--max-tokens-per-batch", type=int, default=None,
                    help="cap on rows x longest sentence per batch (default "
                    f"{STATELESS_MAX_TOKENS} when --batch-size is not given either)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (output is float32 either way)")
     p.add_argument("--stateful", action="store_true",
@@ -52,16 +52,18 @@ def add_subcommand(sub) -> None:
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="embed only lines i with i %% N == K (0-based K; 'env': RANK/WORLD_SIZE from "
                    "torchrun); join the shard files with `elmo embed-merge`")
-    p.add_argument("--no-sentence-index", action="store_true",
+    p.add_argument("--no-sentence-index", "--forget-sentences", dest="no_sentence_index",
+                   action="store_true",
                    help="omit the sentence_to_index dataset (keeps memory flat on huge inputs)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_args(p)
+    add_quiet_args(p)
+    _add_allennlp_args(p)
     p.set_defaults(func=run)
 
     m = sub.add_parser("embed-merge", help="join `elmo embed --shard` outputs into one file",
                        description="Join the shard files of one `elmo embed --shard K/N` run into "
                        "OUTPUT, equal to the file an unsharded run writes.")
-    m.add_argument("output")
+    m.add_argument("output", help="the joined HDF5 file to write")
     m.add_argument("shards", nargs="+", help="the N shard files, in any order")
     m.add_argument("--link", action="store_true",
                    help="write an index of external links to the shards instead of copying")
@@ -79,28 +81,47 @@ def load_model(args, stateful: bool = False) -> BiLM:
     return BiLM.from_pretrained(args.model or "default", stateful=stateful)
 
 
-def _device(spec: str) -> torch.device:
-    """``--device``, checked here so that a bad one is a one-line error, not a torch traceback."""
-    try:
-        device = torch.device(spec)
-    except RuntimeError:
-        raise ElmoError(f"--device: unknown device {spec!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ElmoError("--device cuda: CUDA is not available in this installation")
-        if device.index is None and "LOCAL_RANK" in os.environ:   # one GPU per torchrun rank
-            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return device
+def _add_allennlp_args(p) -> None:
+    """The flags of AllenNLP's ``allennlp elmo``, with its meaning (see docs/migrating.md)."""
+    g = p.add_argument_group("AllenNLP's `allennlp elmo` flags")
+    g.add_argument("--cuda-device", type=int, default=None, metavar="N",
+                   help="GPU N, or -1 for the CPU (instead of --device)")
+    g.add_argument("--use-sentence-keys", action="store_true",
+                   help="name each dataset by its sentence (the stripped line) instead of its line "
+                   "index; no sentence_to_index (blank, repeated or '/'-holding lines are errors)")
+    g.add_argument("--include-sentence-indices", action="store_true",
+                   help="write the sentence_to_index dataset (already the default; older AllenNLP "
+                   "versions needed this flag)")
+
+
+def _allennlp_device(args) -> None:
+    """Fold ``--cuda-device`` into ``--device`` and check the sentence-index flags."""
+    if args.cuda_device is not None:
+        if args.device != "auto":
+            raise ElmoError("give either --device or --cuda-device, not both")
+        if args.cuda_device < -1:
+            raise ElmoError(f"--cuda-device must be -1 (CPU) or a GPU number, got {args.cuda_device}")
+        spec = "cpu" if args.cuda_device == -1 else f"cuda:{args.cuda_device}"
+        args.device = str(resolve_device(spec, "--cuda-device"))
+    if args.include_sentence_indices and args.no_sentence_index:
+        raise ElmoError("--include-sentence-indices contradicts --forget-sentences/--no-sentence-index")
+    if args.include_sentence_indices and args.use_sentence_keys:
+        raise ElmoError("--include-sentence-indices cannot be used with --use-sentence-keys "
+                        "(the datasets are named by their sentences)")
+
+
+def model_name(args) -> str:
+    """What the model was loaded from, as recorded in the output file."""
+    if args.options_file:
+        return f"{args.options_file} + {args.weight_file}"
+    return str(args.model or "default")
 
 
 def run(args) -> int:
     """``elmo embed``: load the model, embed INPUT into OUTPUT, print a one-line summary."""
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ElmoError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    _allennlp_device(args)
+    device = apply_device_args(args)
     shard = parse_shard(args.shard) if args.shard else None
-    device = _device(args.device)
     model = load_model(args, stateful=args.stateful)
     model = model.to(device=device, dtype=torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
     with _cli_signals(), warnings.catch_warnings():
@@ -109,8 +130,9 @@ def run(args) -> int:
         s = embed_file(model, args.input, args.output, args.layers, pool=args.pool,
                        batch_size=args.batch_size, max_tokens_per_batch=args.max_tokens_per_batch,
                        errors=args.errors, shard=shard, sentence_index=not args.no_sentence_index,
-                       progress=not args.quiet)
-    if not args.quiet:
+                       progress=show_progress(args), model_name=model_name(args),
+                       keys="sentence" if args.use_sentence_keys else "index")
+    if show_summary(args):
         rate = s.tokens / max(s.seconds, 1e-9)
         print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "
               f"{s.output} in {s.seconds:.1f}s ({rate:,.0f} tokens/s)", file=sys.stderr)

@@ -10,9 +10,12 @@ input line, named by its 0-based line index ``str(i)``::
 
 plus ``sentence_to_index``: a (1,) string dataset holding the JSON map {stripped line: "i"}
 (a repeated sentence maps to its last index; keys are ordered by index). A blank line gives a
-zero-length dataset (``(3, 0, 2P)``, ``(0, 2P)``; ``(0,)`` when pooled) and a warning. Root
-attributes ``elmo_layers``, ``elmo_pool``, ``elmo_n_lines`` (and ``elmo_shard`` in shard files)
-are extra; AllenNLP's readers ignore attributes.
+zero-length dataset (``(3, 0, 2P)``, ``(0, 2P)``; ``(0,)`` when pooled) and a warning. With
+``keys="sentence"`` (AllenNLP's ``--use-sentence-keys``) datasets are named by the stripped line
+instead, and there is no ``sentence_to_index``. Root attributes ``elmo_layers``, ``elmo_pool``,
+``elmo_n_lines`` (and ``elmo_shard`` in shard files), ``elmo_model`` (the name or path it was
+loaded from, when given) and ``elmo_model_options`` (its shapes, as JSON) record what produced
+the file; AllenNLP's readers ignore attributes.
 
 Sharding. ``shard=(k, n)`` embeds the lines with ``i % n == k`` (round-robin: no counting pass,
 balanced lengths); dataset names stay global. :func:`merge_shards` (``elmo embed-merge``) joins
@@ -42,6 +45,8 @@ from .engine import WINDOW_LINES, ElmoWarning, OnBatch, check_modes, iter_embed_
 
 INDEX_DATASET = "sentence_to_index"
 ATTR_LAYERS, ATTR_POOL, ATTR_LINES, ATTR_SHARD = "elmo_layers", "elmo_pool", "elmo_n_lines", "elmo_shard"
+ATTR_MODEL, ATTR_OPTIONS = "elmo_model", "elmo_model_options"
+KEY_MODES = ("index", "sentence")
 BLANK_WARNINGS = 5                # blank lines named one by one; the rest are counted
 UTF8_HINT = "; fix the file or use --errors replace"   # appended to torchelmo.text's invalid-UTF-8 error
 
@@ -147,18 +152,26 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
                pool: str | None = None, batch_size: int | None = None,
                max_tokens_per_batch: int | None = None, errors: str = "strict",
                shard: tuple[int, int] | None = None, sentence_index: bool = True,
-               window_lines: int = WINDOW_LINES, progress: bool = False) -> EmbedSummary:
+               window_lines: int = WINDOW_LINES, progress: bool = False, keys: str = "index",
+               model_name: str | None = None) -> EmbedSummary:
     """Embed ``input_path`` into the HDF5 file ``output_path`` (layout: see the module docstring).
 
     The file is written under a temporary name beside ``output_path`` and renamed when complete:
     a failed or interrupted run leaves no ``output_path``. ``sentence_index=False`` skips the
     ``sentence_to_index`` dataset (the only part whose memory grows with the input).
     ``progress``: a tqdm bar on stderr (sentences/s, tokens/s, ETA when the line count is known).
+    ``keys="sentence"`` names each dataset by its stripped line (AllenNLP's ``--use-sentence-keys``;
+    no ``sentence_to_index``); a blank or repeated line, or one holding "/", is then an error.
+    ``model_name``: recorded as the ``elmo_model`` attribute.
     """
     import h5py
 
     options = EmbedOptions(layers=layers, pool=pool, batch_size=batch_size, errors=errors, shard=shard,
                            max_tokens_per_batch=max_tokens_per_batch, window_lines=window_lines)
+    if keys not in KEY_MODES:
+        raise ElmoError(f"keys must be 'index' or 'sentence', got {keys!r}")
+    if keys == "sentence" and options.shard is not None and options.shard[1] > 1:
+        raise ElmoError("sentence keys cannot be sharded (embed-merge joins datasets named by line index)")
     output_path = Path(output_path)
     if str(input_path) != "-" and Path(input_path).resolve() == output_path.resolve():
         raise ElmoError(f"{output_path}: output would overwrite the input")
@@ -178,23 +191,45 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     try:
         with atomic_path(output_path) as tmp, h5py.File(tmp, "w") as f:
             for line, arr in _iter_lines(model, lines, options, on_batch):
-                f.create_dataset(str(line.index), data=arr, dtype="float32")
+                f.create_dataset(_dataset_name(f, line, keys), data=arr, dtype="float32")
                 summary.sentences += 1
                 if not line.tokens:
                     summary.blank.append(line.index)
                     if bar is not None and not model.stateful:   # stateful batches count their blanks
                         bar.update(1)
-                if sentence_index:
+                if sentence_index and keys == "index":
                     index.pop(line.text, None)   # keep keys in index order: a repeat moves to the end
                     index[line.text] = line.index
             summary.lines = lines.lines_read
-            _write_index(f, index if sentence_index else None)
+            _write_index(f, index if sentence_index and keys == "index" else None)
             _write_attrs(f, options.layers, options.pool, summary.lines, options.shard)
+            _write_model_attrs(f, model_name, json.dumps(model.config.to_options()))
     finally:
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def _dataset_name(f, line: Line, keys: str) -> str:
+    if keys == "index":
+        return str(line.index)
+    # h5py reads "/" as a group separator and "." as the file's root.
+    if not line.text or "/" in line.text or line.text == ".":
+        raise ElmoError(f"line {line.index + 1}: {'a blank line' if not line.text else repr(line.text)} "
+                        "cannot be a dataset name (sentence keys); use line-index keys")
+    if line.text in f:
+        raise ElmoError(f"line {line.index + 1}: repeats an earlier sentence, which sentence keys "
+                        "cannot hold twice; use line-index keys")
+    return line.text
+
+
+def _write_model_attrs(f, name: str | None, options_json: str | None) -> None:
+    """Which model produced the file (``elmo_model``) and its shapes (``elmo_model_options``)."""
+    if name is not None:
+        f.attrs[ATTR_MODEL] = name
+    if options_json is not None:
+        f.attrs[ATTR_OPTIONS] = options_json
 
 
 def _write_index(f, index: dict[str, int] | None) -> None:
@@ -345,6 +380,8 @@ def merge_shards(shard_paths: Sequence[str | Path], output_path: str | Path, *,
                     src.file.copy(src.file[name], out, name)
             _write_index(out, index if has_index else None)
             _write_attrs(out, layers, pool, n_lines, None)
+            first = shards[0].file.attrs
+            _write_model_attrs(out, first.get(ATTR_MODEL), first.get(ATTR_OPTIONS))
     finally:
         for f in opened:
             f.close()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import ElmoError
+from ..runtime import add_device_args, add_quiet_args, apply_device_args, show_progress, show_summary
 
 DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
     "pos": ["pos/ud-english-ewt/en_ewt-ud-train.conllu", "pos/ud-english-ewt/en_ewt-ud-dev.conllu",
@@ -41,21 +42,23 @@ def add_subcommand(sub) -> None:
         q.add_argument("--cache", type=Path, help="feature cache folder (default $ELMO_PROBE_CACHE, "
                                                   "else ~/.cache/elmo/probe)")
         q.add_argument("--no-control", action="store_true", help="skip the random-weights control")
-        q.add_argument("--control-seed", type=int, default=0)
-        q.add_argument("--seed", type=int, default=0)
-        q.add_argument("--device", default="cpu")
-        q.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+        q.add_argument("--control-seed", type=int, default=0,
+                       help="seed of the random-weights control model (default 0)")
+        q.add_argument("--seed", type=int, default=0, help="seed of the probes' training (default 0)")
+        add_device_args(q)
         q.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per biLM batch")
         q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
-        q.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_quiet_args(q)
 
     def pos_args(q, required):
         q.add_argument("--train", type=Path, required=required, help="CoNLL-U training file")
-        q.add_argument("--dev", type=Path, required=required)
-        q.add_argument("--test", type=Path, required=required)
-        q.add_argument("--tagset", choices=["upos", "xpos"], default="upos")
+        q.add_argument("--dev", type=Path, required=required, help="CoNLL-U development file")
+        q.add_argument("--test", type=Path, required=required, help="CoNLL-U test file")
+        q.add_argument("--tagset", choices=["upos", "xpos"], default="upos",
+                       help="which tag column to predict (default upos)")
         q.add_argument("--limit", type=int, help="use the first N training sentences (and N/4 dev/test)")
-        q.add_argument("--max-epochs", type=int, default=40)
+        q.add_argument("--max-epochs", type=int, default=40,
+                       help="probe training epochs at most (default 40)")
 
     def wsd_args(q, required):
         q.add_argument("--semcor", type=Path, required=required, help="SemCor *.data.xml[.gz]")
@@ -64,18 +67,21 @@ def add_subcommand(sub) -> None:
         q.add_argument("--sense-index", type=Path, required=required, help="WordNet 3.0 index.sense")
         q.add_argument("--dev-prefix", default="semeval2007.", help="ids of the dev part of --eval")
         q.add_argument("--limit-semcor", type=int, help="use the first N SemCor sentences")
-        q.add_argument("--mix-epochs", type=int, default=4)
+        q.add_argument("--mix-epochs", type=int, default=4,
+                       help="epochs of learning the scalar mix of the layers (default 4)")
 
     def ner_args(q, required):
         q.add_argument("--ner-train", type=Path, required=required, help="WNUT-17 training CoNLL")
-        q.add_argument("--ner-dev", type=Path, required=required)
-        q.add_argument("--ner-test", type=Path, required=required)
+        q.add_argument("--ner-dev", type=Path, required=required, help="WNUT-17 development CoNLL")
+        q.add_argument("--ner-test", type=Path, required=required, help="WNUT-17 test CoNLL")
         q.add_argument("--corpus", nargs="+", type=Path,
                        help="text the biLM was trained on (one sentence per line), for the static "
                             "SVD-PPMI embeddings; without it the static baseline is skipped")
-        q.add_argument("--static-dim", type=int, default=300)
+        q.add_argument("--static-dim", type=int, default=300,
+                       help="dimension of the static SVD-PPMI embeddings (default 300)")
         q.add_argument("--ner-limit", type=int, help="first N training sentences (and N/3 dev/test)")
-        q.add_argument("--ner-epochs", type=int, default=30)
+        q.add_argument("--ner-epochs", type=int, default=30,
+                       help="tagger training epochs at most (default 30)")
 
     q = tasks.add_parser("pos", help="linear POS probes per layer + mix (CoNLL-U)")
     common(q), pos_args(q, True)
@@ -136,16 +142,13 @@ def _run_all(args) -> int:
 
 
 def _run(args, tasks: list[str]) -> int:
-    import torch
-
     from ..bilm import BiLM
     from .features import model_fingerprint, random_like
     from .report import load_results, render, write_results
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = apply_device_args(args)
     cache = args.cache or default_cache_dir()
-    model = BiLM.from_pretrained(args.model).to(args.device).eval()
+    model = BiLM.from_pretrained(args.model).to(device).eval()
     models = {"trained": model}
     if not args.no_control:
         models["control_random"] = random_like(model, args.control_seed)
@@ -160,7 +163,8 @@ def _run(args, tasks: list[str]) -> int:
         results[task]["seconds"] = round(time.time() - t0, 1)
         write_results(results_path, results)
         render(results, args.out)
-        print(f"probe {task}: done in {time.time() - t0:.0f} s -> {results_path}")
+        if show_summary(args):
+            print(f"probe {task}: done in {time.time() - t0:.0f} s -> {results_path}")
     return 0
 
 
@@ -175,9 +179,10 @@ def _pos(args, models, cache) -> dict:
     cfg = ProbeConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
     out = {}
     for name, m in models.items():
-        print(f"pos: {name} model")
+        if show_progress(args):
+            print(f"pos: {name} model")
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"pos-{split}", max_tokens=args.max_tokens,
-                         progress=not args.quiet) for ss, split in zip(sets, ("train", "dev", "test"))]
+                         progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
         out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg)
     res = summarize_pos(out["trained"], out.get("control_random"))
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test),
@@ -194,11 +199,12 @@ def _wsd(args, models, cache) -> dict:
     first = read_sense_index(args.sense_index)
     out = {}
     for name, m in models.items():
-        print(f"wsd: {name} model")
+        if show_progress(args):
+            print(f"wsd: {name} model")
         f_tr = extract(m, semcor.sentences, cache, spans=semcor.spans, name="wsd-semcor",
-                       max_tokens=args.max_tokens, progress=not args.quiet)
+                       max_tokens=args.max_tokens, progress=show_progress(args))
         f_te = extract(m, test.sentences, cache, spans=test.spans, name="wsd-eval",
-                       max_tokens=args.max_tokens, progress=not args.quiet)
+                       max_tokens=args.max_tokens, progress=show_progress(args))
         out[name] = run_wsd(semcor, f_tr, test, f_te, first, dev_prefix=args.dev_prefix,
                             n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs)
     res = summarize_wsd(out["trained"], out.get("control_random"))
@@ -220,7 +226,7 @@ def _ner(args, models, cache) -> dict:
     inputs, offsets = {}, None
     for name, m in models.items():
         feats = [extract(m, ss, cache, name=f"ner-{split}", max_tokens=args.max_tokens,
-                         progress=not args.quiet) for ss, split in zip(sents, ("train", "dev", "test"))]
+                         progress=show_progress(args)) for ss, split in zip(sents, ("train", "dev", "test"))]
         offsets = tuple(f.offsets for f in feats)
         layers = tuple(f.all_layers() for f in feats)
         if name == "trained":
@@ -235,7 +241,7 @@ def _ner(args, models, cache) -> dict:
         inputs["static"] = tuple(v[None] for v, _ in looked)
         static_info = {"corpus": [str(c) for c in args.corpus], "vocabulary": len(emb.words),
                        "dim": int(emb.vectors.shape[1]), "oov_rate": [o for _, o in looked]}
-    else:
+    elif show_summary(args):
         print("ner: no --corpus given: the static-embedding baseline is skipped")
     cfg = TaggerConfig(max_epochs=args.ner_epochs, seed=args.seed, n_boot=args.n_boot)
     res = summarize_ner(run_ner(inputs, offsets, tuple([s.tags for s in ss] for ss in sets), cfg))

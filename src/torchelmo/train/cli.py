@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import ElmoError
+from ..runtime import add_device_args, add_quiet_args, show_summary
 from .checkpoint import resume_point
 from .config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
 from .trainer import train
@@ -33,7 +36,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=S, help=f"preset ({', '.join(TRAIN_PRESETS)}) or options.json "
                                               f"(default {d['model']})")
-    g.add_argument("--softmax", choices=SOFTMAX_CHOICES, default=S)
+    g.add_argument("--softmax", choices=SOFTMAX_CHOICES, default=S,
+                   help=f"training softmax (default {d['softmax']}: full for small vocabularies)")
     g.add_argument("--num-samples", type=int, default=S, help=f"sampled softmax negatives (default {d['num_samples']})")
     g.add_argument("--dropout", type=float, default=S, help=f"default {d['dropout']}")
     g.add_argument("--variational-dropout", action="store_true", default=S,
@@ -42,38 +46,49 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="DropConnect on the LSTM recurrent matrices, as AWD-LSTM (default 0)")
     g.add_argument("--init-from", default=S, help="start from this model (LM dir, native or published biLM)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S)
+    g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S,
+                   help=f"default {d['optimizer']}")
     g.add_argument("--lr", type=float, default=S, help="default 0.2 adagrad, 1e-3 adam, 1.0 sgd")
     g.add_argument("--lr-decay", type=float, default=S, help="lr factor when validation does not improve")
     g.add_argument("--lr-schedule", choices=["constant", "linear", "cosine"], default=S,
                    help="decay the lr to 0 at --max-steps (default constant)")
     g.add_argument("--warmup-steps", type=int, default=S, help="linear lr warm-up (default 0)")
-    g.add_argument("--weight-decay", type=float, default=S)
+    g.add_argument("--weight-decay", type=float, default=S, help=f"default {d['weight_decay']}")
     g.add_argument("--clip-norm", type=float, default=S, help=f"default {d['clip_norm']}")
-    g.add_argument("--grad-accum", type=int, default=S)
+    g.add_argument("--grad-accum", type=int, default=S,
+                   help="micro-batches per step (same global batch, less memory; default 1)")
     g.add_argument("--bf16", action="store_true", default=S, help="bfloat16 autocast")
-    g.add_argument("--seed", type=int, default=S)
-    g.add_argument("--max-steps", type=int, default=S)
-    g.add_argument("--epochs", type=int, default=S)
+    g.add_argument("--seed", type=int, default=S, help=f"initialisation and data order (default {d['seed']})")
+    g.add_argument("--max-steps", type=int, default=S, help="stop after this many optimiser steps")
+    g.add_argument("--epochs", type=int, default=S, help="stop after this many passes over --train")
     g = p.add_argument_group("run")
-    g.add_argument("--log-every", type=int, default=S)
-    g.add_argument("--eval-every", type=int, default=S)
-    g.add_argument("--eval-mode", choices=["sentence", "stream"], default=S)
-    g.add_argument("--eval-batch-size", type=int, default=S)
-    g.add_argument("--checkpoint-every", type=int, default=S)
+    g.add_argument("--log-every", type=int, default=S,
+                   help=f"steps between metrics records and log lines (default {d['log_every']})")
+    g.add_argument("--eval-every", type=int, default=S,
+                   help=f"steps between validations (default {d['eval_every']})")
+    g.add_argument("--eval-mode", choices=["sentence", "stream"], default=S,
+                   help="validation: each sentence from a zero state, or contiguous streams "
+                        f"(default {d['eval_mode']})")
+    g.add_argument("--eval-batch-size", type=int, default=S,
+                   help=f"validation batch size (default {d['eval_batch_size']})")
+    g.add_argument("--checkpoint-every", type=int, default=S,
+                   help=f"steps between checkpoints (OUT/checkpoint.pt; default {d['checkpoint_every']})")
     g.add_argument("--keep-checkpoints", type=int, default=S, metavar="N",
                    help="also keep the last N checkpoints in OUT/checkpoints/ (to average with elmo average)")
     g.add_argument("--patience", type=int, default=S, help="early stopping after N evaluations without improvement")
-    g.add_argument("--threads", type=int, default=S)
-    g.add_argument("--device", default=S, help="auto, cpu, cuda, cuda:1 ...")
-    g.add_argument("--no-progress", dest="progress", action="store_false", default=S)
+    add_device_args(g, suppress=True)
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=S,
+                   help="log lines instead of a progress bar (for log files)")
+    add_quiet_args(g)
     g.add_argument("--resume", action="store_true", default=S,
                    help="continue from OUT/checkpoint.pt if there is one (else start)")
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields of ``--config FILE`` with the flags given on top."""
-    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config", "quiet")}
+    if getattr(args, "quiet", 0):
+        given["progress"] = False
     base: dict[str, Any] = {}
     if getattr(args, "config", None):
         try:
@@ -97,7 +112,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict | None
 
 def _run_train(args) -> int:
     cfg, ckpt = config_from_args(args)
-    train(cfg, resume_from=ckpt)
+    quiet = getattr(args, "quiet", 0)
+    summary = train(cfg, log=(lambda _: None) if quiet else None, resume_from=ckpt)
+    if quiet and show_summary(args) and os.environ.get("RANK", "0") == "0":
+        best = summary.get("best_valid_ppl_mean")
+        print(f"elmo train: {summary['steps']} steps, {summary['tokens']:,} tokens in "
+              f"{summary['seconds']}s" + (f", best validation perplexity {best:.2f}" if best is not None else "")
+              + f" -> {summary['out_dir']}", file=sys.stderr)
     return 0
 
 

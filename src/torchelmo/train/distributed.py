@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime import resolve_device
 from .checkpoint import rng_state
 
 
@@ -38,15 +39,9 @@ def setup_distributed(device: torch.device) -> DistEnv:
 
 
 def pick_device(spec: str, local_rank: int) -> torch.device:
-    """``auto``: this rank's GPU if there is one, else the CPU; ``cuda`` without an index: this rank's GPU."""
-    if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
-    d = torch.device(spec)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
-    return d
+    """``auto``: this rank's GPU if there is one, else the CPU; ``cuda`` without an index: this
+    rank's GPU (the rules of every command, :func:`torchelmo.runtime.resolve_device`)."""
+    return resolve_device(spec, "--device", local_rank)
 
 
 def gather_lstm_state(state: list[tuple[torch.Tensor, torch.Tensor]] | None, env: DistEnv

@@ -7,7 +7,6 @@ import gc
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +20,7 @@ from ..data import SentenceBatcher, StreamBatcher
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..lm import LanguageModel
+from ..runtime import set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
@@ -74,11 +74,10 @@ class Trainer:
                  resume_from: dict | None = None) -> None:
         """``resume_from``: the checkpoint ``cfg`` was merged with (:func:`checkpoint.resume_point`)."""
         self.cfg, self.out, self.resumed = cfg, Path(cfg.out_dir), resume_from
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_threads(cfg.threads)
         self.device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
         self.env = setup_distributed(self.device)
-        self._log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self._log = log or write     # through tqdm: a log line never lands on the progress bar
         if cfg.vocab is None:  # built from the training corpus, identically on every rank
             vocab = Vocabulary.build(cfg.train)
             cfg.vocab = str(self.out / "vocab.txt")

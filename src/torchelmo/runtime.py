@@ -1,0 +1,143 @@
+"""Where and how the model runs, for every command: ``--device``, ``--threads`` and ``--quiet``.
+
+One set of rules for all commands that run the model (embed, probe, perplexity, train):
+
+* ``--device auto`` (the default) is CUDA when there is a GPU, else the CPU; ``cuda`` without an
+  index is this process's GPU (``LOCAL_RANK`` under torchrun); a bad or unavailable device is a
+  one-line :class:`~torchelmo.errors.ElmoError` naming the option.
+* ``--threads N`` sets torch's CPU threads (N >= 1; default: torch's choice).
+* ``-q/--quiet`` hides progress bars but keeps the one-line summary; ``-qq``/``--silent`` hides that
+  too (warnings and errors still show).
+
+Messages printed while a progress bar is live go through :func:`bar_safe_output`, so they never
+land on the bar's line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from typing import Iterator
+
+import torch
+
+from .errors import ElmoError
+
+DEVICE_HELP = "auto (default: CUDA when available, else cpu), cpu, cuda or cuda:N"
+THREADS_HELP = "CPU threads for torch (default: torch's choice)"
+
+
+def resolve_device(spec: str | None = "auto", option: str = "--device",
+                   local_rank: int | None = None) -> torch.device:
+    """The ``torch.device`` for ``spec``; a bad one is an :class:`ElmoError` naming ``option``."""
+    spec = "auto" if spec is None else str(spec).strip()
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ElmoError(f"{option}: unknown device {spec!r} (choose {DEVICE_HELP})") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ElmoError(f"{option} {spec}: MPS is not available on this machine")
+        return device
+    if device.type != "cuda":
+        raise ElmoError(f"{option}: unsupported device {spec!r} (choose {DEVICE_HELP})")
+    if not torch.cuda.is_available():
+        raise ElmoError(f"{option} {spec}: CUDA is not available in this installation "
+                        "(use --device cpu, or install a CUDA build of torch)")
+    n = torch.cuda.device_count()
+    if device.index is None:   # one GPU per torchrun rank
+        return torch.device("cuda", local_rank % n)
+    if device.index >= n:
+        raise ElmoError(f"{option} {spec}: there {'is' if n == 1 else 'are'} only {n} CUDA device(s)")
+    return device
+
+
+def set_threads(n: int | None, option: str = "--threads") -> None:
+    """``torch.set_num_threads(n)``; None leaves torch's choice."""
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ElmoError(f"{option} must be a positive integer, got {n!r}")
+    torch.set_num_threads(n)
+
+
+def add_device_args(p, suppress: bool = False) -> None:
+    """``--device`` and ``--threads`` on parser (or group) ``p``. ``suppress``: absent flags stay
+    out of the namespace (for commands whose config file supplies the defaults)."""
+    S = argparse.SUPPRESS
+    p.add_argument("--device", default=S if suppress else "auto", help=DEVICE_HELP)
+    p.add_argument("--threads", type=int, default=S if suppress else None, help=THREADS_HELP)
+
+
+def apply_device_args(args) -> torch.device:
+    """Check ``args.device``/``args.threads``, set the threads, return the device."""
+    set_threads(getattr(args, "threads", None))
+    return resolve_device(getattr(args, "device", "auto"))
+
+
+def add_quiet_args(p) -> None:
+    """``-q/--quiet`` (count) and ``--silent`` (= ``-qq``) into ``args.quiet``."""
+    p.add_argument("-q", "--quiet", action="count", default=0,
+                   help="no progress bar (the one-line summary remains); twice (-qq): no summary either")
+    p.add_argument("--silent", dest="quiet", action="store_const", const=2,
+                   help="print nothing but warnings and errors (same as -qq)")
+
+
+def show_progress(args) -> bool:
+    return not getattr(args, "quiet", 0)
+
+
+def show_summary(args) -> bool:
+    return getattr(args, "quiet", 0) < 2
+
+
+def write(line: str, file=None) -> None:
+    """Print one line without breaking a live progress bar (tqdm clears and redraws it)."""
+    from tqdm import tqdm
+    tqdm.write(line, file=file or sys.stderr)
+
+
+class _BarSafeHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            write(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def bar_safe_output(prefix: str = "elmo") -> Iterator[None]:
+    """Route Python warnings and the root logger's console output through :func:`write` while
+    active (with no handler configured, WARNING and above, which Python would print anyway)."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        name = "warning" if issubclass(category, UserWarning) else category.__name__
+        write(f"{prefix}: {name}: {message}")
+
+    root = logging.getLogger()
+    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler)
+                and getattr(h, "stream", None) in (sys.stdout, sys.stderr)]
+    handler = _BarSafeHandler(min((h.level for h in consoles), default=logging.WARNING))
+    if consoles and consoles[0].formatter is not None:
+        handler.setFormatter(consoles[0].formatter)
+    old = warnings.showwarning
+    warnings.showwarning = show
+    for h in consoles:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for h in consoles:
+            root.addHandler(h)
+        warnings.showwarning = old

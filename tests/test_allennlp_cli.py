@@ -1,0 +1,93 @@
+"""`elmo embed` with the flags of AllenNLP's `allennlp elmo`, and what the output file records."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from torchelmo.cli import main
+
+
+@pytest.fixture
+def model_args(allennlp_dir):
+    return ["--options-file", str(allennlp_dir / "options.json"),
+            "--weight-file", str(allennlp_dir / "lm_weights.hdf5")]
+
+
+def _run(tmp_path, lines, model_args, *flags, name="out.hdf5"):
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = tmp_path / name
+    return main(["embed", str(src), str(out), "--all", "-qq", "--threads", "1", *model_args, *flags]), out
+
+
+LINES = ["The cat sat .", "  A dog ran away  ", "Birds fly ."]
+
+
+def test_use_sentence_keys(tmp_path, model_args):
+    rc, by_index = _run(tmp_path, LINES, model_args, name="index.hdf5")
+    assert rc == 0
+    rc, by_sentence = _run(tmp_path, LINES, model_args, "--use-sentence-keys", name="keys.hdf5")
+    assert rc == 0
+    with h5py.File(by_index, "r") as a, h5py.File(by_sentence, "r") as b:
+        assert sorted(b.keys()) == sorted(line.strip() for line in LINES)   # no sentence_to_index
+        for i, line in enumerate(LINES):
+            np.testing.assert_array_equal(a[str(i)][...], b[line.strip()][...])
+
+
+@pytest.mark.parametrize("lines, what", [(["a b", "", "c"], "line 2: a blank line"),
+                                         (["a b", "c", "a b"], "line 3: repeats an earlier sentence"),
+                                         (["a / b"], "line 1: 'a / b' cannot be a dataset name")])
+def test_use_sentence_keys_bad_lines(lines, what, tmp_path, model_args, capsys):
+    rc, out = _run(tmp_path, lines, model_args, "--use-sentence-keys")
+    last = capsys.readouterr().err.splitlines()[-1]     # (a blank line is warned about first)
+    assert rc == 1 and last.startswith("elmo embed: error: ") and what in last, last
+    assert not out.exists()
+
+
+def test_sentence_index_flags(tmp_path, model_args, capsys):
+    rc, default = _run(tmp_path, LINES, model_args, name="d.hdf5")
+    rc2, included = _run(tmp_path, LINES, model_args, "--include-sentence-indices", name="i.hdf5")
+    rc3, forgot = _run(tmp_path, LINES, model_args, "--forget-sentences", name="f.hdf5")
+    assert rc == rc2 == rc3 == 0
+    want = {line.strip(): str(i) for i, line in enumerate(LINES)}
+    for path in (default, included):
+        with h5py.File(path, "r") as f:
+            assert json.loads(f["sentence_to_index"][0]) == want
+    with h5py.File(forgot, "r") as f:
+        assert "sentence_to_index" not in f and sorted(f.keys()) == ["0", "1", "2"]
+    for flags in (["--include-sentence-indices", "--forget-sentences"],
+                  ["--include-sentence-indices", "--use-sentence-keys"]):
+        rc, _ = _run(tmp_path, LINES, model_args, *flags, name="bad.hdf5")
+        err = capsys.readouterr().err
+        assert rc == 1 and "--include-sentence-indices" in err and err.count("\n") == 1
+
+
+def test_cuda_device(tmp_path, model_args, monkeypatch, capsys):
+    rc, out = _run(tmp_path, LINES, model_args, "--cuda-device", "-1")
+    assert rc == 0 and out.exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags, message in ((["--cuda-device", "0"], "--cuda-device cuda:0: CUDA is not available"),
+                           (["--cuda-device", "-1", "--device", "cpu"], "either --device or --cuda-device"),
+                           (["--cuda-device", "-2"], "--cuda-device must be -1")):
+        rc, _ = _run(tmp_path, LINES, model_args, *flags, name="bad.hdf5")
+        err = capsys.readouterr().err
+        assert rc == 1 and message in err and err.count("\n") == 1, err
+
+
+def test_output_records_model_and_layers(tmp_path, model_args, allennlp_dir):
+    rc, out = _run(tmp_path, LINES, model_args, name="a.hdf5")
+    assert rc == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["elmo_model"] == f"{model_args[1]} + {model_args[3]}"
+        assert f.attrs["elmo_layers"] == "all"
+        options = json.loads(f.attrs["elmo_model_options"])
+        assert options == json.loads((allennlp_dir / "options.json").read_text())
+    src = tmp_path / "in.txt"
+    out = tmp_path / "default.hdf5"
+    assert main(["embed", str(src), str(out), "--top", "-qq", "--threads", "1"]) == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["elmo_model"] == "default" and f.attrs["elmo_layers"] == "top"
+        assert json.loads(f.attrs["elmo_model_options"])["lstm"]["projection_dim"] == 192

@@ -1,0 +1,210 @@
+"""One device/threads story for every command, quiet levels, bar-safe messages, help everywhere."""
+
+import argparse
+import io
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+
+from torchelmo import ElmoError
+from torchelmo.cli import build_parser, main
+from torchelmo.runtime import bar_safe_output, resolve_device, set_threads
+
+# The commands that run the model, each with the arguments it needs to get as far as the device.
+MODEL_COMMANDS = ["embed", "perplexity", "train", "probe pos", "probe wsd", "probe ner", "probe all"]
+
+
+def _subparsers(parser):
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def _walk(parser, path=()):
+    """(command path, parser) for the root and every subcommand, at any depth."""
+    yield path, parser
+    for action in _subparsers(parser):
+        for name, sub in action.choices.items():
+            yield from _walk(sub, path + (name,))
+
+
+def _parser_of(command):
+    return dict((" ".join(p), q) for p, q in _walk(build_parser()))[command]
+
+
+def test_every_subcommand_and_option_has_help():
+    missing = []
+    for path, parser in _walk(build_parser()):
+        for action in _subparsers(parser):
+            helped = {a.dest for a in action._choices_actions if a.help}
+            missing += [" ".join(path + (n,)) for n in action.choices if n not in helped]
+        for a in parser._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+                continue
+            if not a.help or a.help == argparse.SUPPRESS:
+                missing.append(f"elmo {' '.join(path)} {'/'.join(a.option_strings) or a.dest}")
+    assert not missing, "no help text: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_model_commands_take_device_and_threads(command):
+    p = _parser_of(command)
+    opts = {s: a for a in p._actions for s in a.option_strings}
+    assert "--device" in opts and "--threads" in opts
+    if command != "train":       # train's defaults come from its config (TrainConfig.device = "auto")
+        assert opts["--device"].default == "auto" and opts["--threads"].default is None
+
+
+def test_resolve_device(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device(None) == torch.device("cpu")
+    with pytest.raises(ElmoError, match=r"^--device cuda: CUDA is not available"):
+        resolve_device("cuda")
+    with pytest.raises(ElmoError, match=r"^--device: unknown device 'foo'"):
+        resolve_device("foo")
+    with pytest.raises(ElmoError, match=r"^--device: unsupported device 'meta'"):
+        resolve_device("meta")
+    # With GPUs: auto is CUDA, a bare "cuda" is this rank's GPU, a missing index is an error.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto", local_rank=3) == torch.device("cuda", 1)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ElmoError, match=r"^--device cuda:2: there are only 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
+def test_set_threads():
+    n = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        set_threads(None)
+        assert torch.get_num_threads() == 1
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ElmoError, match=r"^--threads must be a positive integer"):
+                set_threads(bad)
+    finally:
+        torch.set_num_threads(n)
+
+
+def _argv(command, tmp, corpus):
+    data, vocab = corpus
+    return {
+        "embed": ["embed", str(data), str(tmp / "o.hdf5"), "--top"],
+        "perplexity": ["perplexity", str(tmp / "lm"), str(data)],
+        "train": ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(tmp / "run"),
+                  "--model", "tiny", "--max-steps", "1"],
+        "probe pos": ["probe", "pos", "--model", "default", "--out", str(tmp / "p"), "--train", "x",
+                      "--dev", "x", "--test", "x"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["embed", "perplexity", "train", "probe pos"])
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "foo"], "--device: unknown device 'foo'"),
+    (["--device", "cuda"], "--device cuda: CUDA is not available"),
+    (["--threads", "0"], "--threads must be a positive integer, got 0"),
+    (["--threads", "-1"], "--threads must be a positive integer, got -1"),
+])
+def test_bad_device_or_threads_is_one_line(command, flags, message, tmp_path, fixture_corpus,
+                                           monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    n = torch.get_num_threads()
+    try:
+        assert main(_argv(command, tmp_path, fixture_corpus) + flags) == 1
+    finally:
+        torch.set_num_threads(n)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()      # stopped before any work
+
+
+def _bar_and_message(emit):
+    """Stderr of a live tqdm bar while ``emit()`` prints a message inside bar_safe_output."""
+    from tqdm import tqdm
+    err = io.StringIO()
+    old = sys.stderr
+    sys.stderr = err
+    try:
+        with bar_safe_output("elmo test"):
+            bar = tqdm(total=10, file=sys.stderr, mininterval=0, ascii=True)
+            bar.update(3)
+            emit()
+            bar.update(3)
+            bar.close()
+    finally:
+        sys.stderr = old
+    return err.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["warning", "logging"])
+def test_messages_never_share_the_bar_line(kind):
+    def emit():
+        if kind == "warning":
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.warn("disk nearly full", UserWarning)
+        else:
+            logging.getLogger("torchelmo.somewhere").warning("disk nearly full")
+
+    out = _bar_and_message(emit)
+    lines = [line.split("\r")[-1] for line in out.split("\n")]
+    hits = [line for line in lines if "disk nearly full" in line]
+    # The message is a line of its own: nothing of the bar before it on the terminal line.
+    assert hits == (["elmo test: warning: disk nearly full"] if kind == "warning" else ["disk nearly full"])
+    assert "30%" in out and "60%" in out
+
+
+def test_plain_print_would_share_the_bar_line():
+    # The check above can fail: a plain print lands after the bar's text on its line.
+    out = _bar_and_message(lambda: print("disk nearly full", file=sys.stderr))
+    line = [s for s in out.split("\n") if "disk nearly full" in s][0].split("\r")[-1]
+    assert line != "disk nearly full" and "%" in line
+
+
+def _embed(tmp_path, model_args, *flags):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\nd e\n", encoding="utf-8")
+    return main(["embed", str(src), str(tmp_path / "out.hdf5"), "--top", *model_args, *flags])
+
+
+@pytest.fixture
+def model_args(allennlp_dir):
+    return ["--options-file", str(allennlp_dir / "options.json"),
+            "--weight-file", str(allennlp_dir / "lm_weights.hdf5")]
+
+
+@pytest.mark.parametrize("flags, summary", [(["-q"], True), (["--quiet"], True), (["-qq"], False),
+                                            (["--quiet", "--quiet"], False), (["--silent"], False)])
+def test_embed_quiet_levels(flags, summary, tmp_path, model_args, capsys):
+    assert _embed(tmp_path, model_args, *flags, "--threads", "1") == 0
+    err = capsys.readouterr().err
+    if summary:
+        assert err.count("\n") == 1 and err.startswith("elmo embed: 2 lines"), err
+    else:
+        assert err == ""
+
+
+def test_embed_bar_by_default(tmp_path, model_args, capsys):
+    assert _embed(tmp_path, model_args, "--threads", "1") == 0
+    err = capsys.readouterr().err
+    assert " sent" in err and "elmo embed: 2 lines" in err
+
+
+@pytest.mark.parametrize("flags, lines", [(["-q"], 1), (["--silent"], 0)])
+def test_train_quiet_levels(flags, lines, tmp_path, fixture_corpus, capsys):
+    data, vocab = fixture_corpus
+    n = torch.get_num_threads()
+    try:
+        assert main(["train", "--train", str(data), "--vocab", str(vocab), "--out", str(tmp_path / "run"),
+                     "--model", "tiny", "--batch-size", "4", "--unroll", "5", "--max-steps", "2",
+                     "--threads", "1", *flags]) == 0
+    finally:
+        torch.set_num_threads(n)
+    err = capsys.readouterr().err
+    assert err.count("\n") == lines, err
+    if lines:
+        assert err.startswith("elmo train: 2 steps,") and str(tmp_path / "run") in err
