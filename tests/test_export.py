@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
@@ -63,10 +65,14 @@ def test_scripted_module_equals_eager(kw):
 
 
 def test_onnx_in_onnxruntime_equals_eager(default_model, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
     path = tmp_path / "elmo.onnx"
     diff = export(default_model, path)
     assert diff is not None and diff <= 1e-5
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    graph = proto.graph
+    assert [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim] == ["batch", "tokens", 50]
+    assert sum(node.op_type == "Loop" for node in graph.node) == default_model.config.n_layers  # time loops
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["char_ids"]
     for batch in BATCHES:
@@ -99,7 +105,6 @@ def test_torchscript_in_a_fresh_process_equals_eager(default_model, tmp_path):
 
 
 def test_cli_export_both_formats(tmp_path, capsys):
-    pytest.importorskip("onnxruntime")
     model_dir = _tiny_random(seed=1).save_pretrained(tmp_path / "tiny")
     for name, fmt in (("m.onnx", "onnx"), ("m.ts", "torchscript"), ("model.bin", "torchscript")):
         extra = ["--format", fmt] if name.endswith(".bin") else []
