@@ -8,6 +8,7 @@ the downstream task; ``softmax(s)`` says which layers the task takes.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -71,13 +72,25 @@ class Elmo(nn.Module):
     ``forward`` takes char ids ``(B, T, 50)`` (or a list of tokenised sentences) and returns
     ``{"elmo_representations": [ (B, T, 2P) ] * N, "mask": (B, T)}``. The biLM is frozen unless
     ``requires_grad=True``; dropout (AllenNLP's 0.5) applies to each mixed output in training mode.
+
+    As in AllenNLP, the layers are mixed with the ``<S>``/``</S>`` positions still in (layer norm
+    statistics include them) and those are removed afterwards unless ``keep_sentence_boundaries``
+    (then the outputs and mask have ``T + 2`` positions). ``vocab_to_cache``: words whose token
+    embeddings are computed once; ``forward(word_inputs=ids)`` then takes indices into it (0 is
+    padding, so entry 0 is never a word). Char ids of more than 3 dims ``(..., T, 50)`` keep their
+    leading dims in the outputs. :class:`torchelmo.allennlp.Elmo` takes AllenNLP's arguments.
     """
 
     def __init__(self, bilm: BiLM, num_output_representations: int = 1, dropout: float = 0.5,
                  requires_grad: bool = False, do_layer_norm: bool = False,
                  keep_sentence_boundaries: bool = False,
-                 scalar_mix_parameters: Sequence[float] | None = None) -> None:
+                 scalar_mix_parameters: Sequence[float] | None = None,
+                 vocab_to_cache: Sequence[str] | None = None) -> None:
         super().__init__()
+        if not isinstance(bilm, nn.Module):
+            raise ElmoError(f"Elmo: the first argument is a BiLM, got {type(bilm).__name__}; for "
+                            "Elmo(options_file, weight_file, ...) use torchelmo.allennlp.Elmo")
+
         self.bilm = bilm
         self.keep_sentence_boundaries = keep_sentence_boundaries
         self.dropout = nn.Dropout(dropout)
@@ -86,6 +99,9 @@ class Elmo(nn.Module):
                       trainable=scalar_mix_parameters is None)
             for _ in range(num_output_representations))
         self.requires_grad_bilm(requires_grad)
+        self.register_buffer("_vocab_char_ids", None, persistent=False)   # (V, 50): follows .to()
+        if vocab_to_cache is not None:
+            self.cache_vocab(vocab_to_cache)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", *, stateful: bool = False, **kw) -> "Elmo":
@@ -101,8 +117,47 @@ class Elmo(nn.Module):
     def get_output_dim(self) -> int:
         return self.bilm.output_dim
 
-    def forward(self, inputs: torch.Tensor | list[list[str]]) -> dict:
-        char_ids = inputs if torch.is_tensor(inputs) else batch_to_ids(inputs).to(self.bilm.device)
-        out = self.bilm(char_ids, keep_sentence_boundaries=self.keep_sentence_boundaries)
-        reps = [self.dropout(mix(out.layers, out.mask)) for mix in self.scalar_mixes]
-        return {"elmo_representations": reps, "mask": out.mask}
+    def cache_vocab(self, vocab: Sequence[str]) -> None:
+        """Word ids index ``vocab`` from now on (0: padding); its token embeddings are precomputed."""
+        if isinstance(vocab, str) or len(vocab) < 2:
+            raise ElmoError("vocab_to_cache: expected a list of words, entry 0 being padding")
+        words = list(vocab)
+        table = batch_to_ids([words])[0]
+        table[0] = 0                                 # id 0 is padding, whatever word sits there
+        self._vocab_char_ids = table.to(self.bilm.device)
+        self.bilm.cache_token_embeddings(words[1:])
+
+    def forward(self, inputs: torch.Tensor | list[list[str]] | None = None,
+                word_inputs: torch.Tensor | None = None) -> dict:
+        char_ids = self._char_ids(inputs, word_inputs)
+        lead = char_ids.shape[:-2]
+        out = self.bilm(char_ids.reshape(-1, *char_ids.shape[-2:]), keep_sentence_boundaries=True)
+        mask = out.mask
+        reps = [mix(out.layers, mask) for mix in self.scalar_mixes]
+        if not self.keep_sentence_boundaries:
+            mask = mask[:, 2:]                       # a row of n tokens: n + 2 positions -> n
+            reps = [r[:, 1:-1] for r in reps]
+        m = mask.unsqueeze(-1).to(reps[0].dtype) if reps else None
+        reps = [self.dropout(r * m).reshape(*lead, *r.shape[-2:]) for r in reps]
+        return {"elmo_representations": reps, "mask": mask.reshape(*lead, mask.shape[-1])}
+
+    def _char_ids(self, inputs, word_inputs: torch.Tensor | None) -> torch.Tensor:
+        if word_inputs is not None:
+            table = self._vocab_char_ids
+            if table is None:
+                if inputs is None:
+                    raise ElmoError("Elmo: word_inputs need vocab_to_cache")
+                warnings.warn("Elmo: word_inputs ignored: no vocab_to_cache was given", stacklevel=3)
+            elif word_inputs.numel() and (word_inputs.min() < 0 or word_inputs.max() >= len(table)):
+                if inputs is None:
+                    raise ElmoError(f"Elmo: word id {int(word_inputs.max())} is not in vocab_to_cache "
+                                    f"({len(table)} entries)")
+            else:   # out-of-vocabulary ids above fall back to the char ids, as in AllenNLP
+                return table[word_inputs.to(table.device)]
+        if inputs is None:
+            raise ElmoError("Elmo: give char ids (inputs) or, with vocab_to_cache, word_inputs")
+        if torch.is_tensor(inputs):
+            if inputs.dim() < 3:
+                raise ElmoError(f"Elmo: char ids must be (..., tokens, 50), got {tuple(inputs.shape)}")
+            return inputs
+        return batch_to_ids(inputs).to(self.bilm.device)

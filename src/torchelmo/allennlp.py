@@ -1,0 +1,181 @@
+"""AllenNLP's ELMo API on torchelmo, for code written against ``allennlp.modules.elmo`` and
+``allennlp.commands.elmo`` (AllenNLP is archived and no longer installs with current PyTorch).
+
+Change the import and keep the code::
+
+    # from allennlp.modules.elmo import Elmo, batch_to_ids
+    # from allennlp.commands.elmo import ElmoEmbedder
+    from torchelmo.allennlp import Elmo, ElmoEmbedder, batch_to_ids
+
+Same argument names, defaults and outputs. Like AllenNLP's, both classes carry the LSTM state
+from one batch to the next (row r of a batch starts where row r of the previous one ended), so a
+sentence's vectors depend slightly on what ran before; ``stateful=False`` makes every sentence
+start from the zero state, as torchelmo's own API does. See docs/migrating.md.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import IO, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .bilm import BiLM
+from .chars import batch_to_ids
+from .errors import ElmoError
+from .mix import Elmo as _Elmo
+from .runtime import resolve_device
+
+__all__ = ["DEFAULT_BATCH_SIZE", "Elmo", "ElmoEmbedder", "batch_to_ids"]
+
+DEFAULT_BATCH_SIZE = 64          # AllenNLP's ElmoEmbedder and `allennlp elmo`
+DEFAULT_MODEL = "original"       # what ElmoEmbedder() loads: AllenNLP's default, 2x4096_512_2048cnn_2xhighway
+
+
+class Elmo(_Elmo):
+    """``allennlp.modules.elmo.Elmo``: a published biLM (``options_file`` + ``weight_file``, paths or
+    URLs) and ``num_output_representations`` learned scalar mixes of its layers.
+
+    ``forward(inputs, word_inputs=None)`` returns ``{"elmo_representations": [(B, T, 2P)] * N,
+    "mask": (B, T)}``. ``module``: an already built :class:`~torchelmo.BiLM` instead of the two files.
+    ``do_layer_norm``, ``dropout``, ``vocab_to_cache``, ``keep_sentence_boundaries`` and
+    ``scalar_mix_parameters`` (fixed, untrained mix weights before the softmax) mean what they
+    mean in AllenNLP (see :class:`torchelmo.Elmo`).
+    """
+
+    def __init__(self, options_file: str | None, weight_file: str | None, num_output_representations: int,
+                 requires_grad: bool = False, do_layer_norm: bool = False, dropout: float = 0.5,
+                 vocab_to_cache: Sequence[str] | None = None, keep_sentence_boundaries: bool = False,
+                 scalar_mix_parameters: Sequence[float] | None = None, module: BiLM | None = None,
+                 *, stateful: bool = True) -> None:
+        if module is not None:
+            if options_file is not None or weight_file is not None:
+                raise ElmoError("Elmo: give either module or options_file/weight_file, not both")
+            if not isinstance(module, BiLM):
+                raise ElmoError(f"Elmo: module must be a torchelmo BiLM, got {type(module).__name__}")
+            bilm = module
+        else:
+            if options_file is None or weight_file is None:
+                raise ElmoError("Elmo: options_file and weight_file are required (or module)")
+            bilm = BiLM.from_published(options_file, weight_file, stateful=stateful)
+        super().__init__(bilm, num_output_representations, dropout=dropout, requires_grad=requires_grad,
+                         do_layer_norm=do_layer_norm, keep_sentence_boundaries=keep_sentence_boundaries,
+                         scalar_mix_parameters=scalar_mix_parameters, vocab_to_cache=vocab_to_cache)
+
+
+def _device_of(cuda_device: int | str | torch.device) -> torch.device:
+    """AllenNLP's ``cuda_device``: -1 is the CPU, N >= 0 GPU N."""
+    if isinstance(cuda_device, int) and not isinstance(cuda_device, bool):
+        if cuda_device < -1:
+            raise ElmoError(f"cuda_device must be -1 (CPU) or a GPU number, got {cuda_device}")
+        return resolve_device("cpu" if cuda_device == -1 else f"cuda:{cuda_device}", "cuda_device")
+    return resolve_device(str(cuda_device), "cuda_device")
+
+
+class ElmoEmbedder:
+    """``allennlp.commands.elmo.ElmoEmbedder``: all layers of a biLM as numpy arrays.
+
+    ``ElmoEmbedder()`` loads AllenNLP's default, the original published model (downloaded once
+    and cached); ``model=`` takes any name :meth:`BiLM.from_pretrained` takes instead (e.g.
+    ``"default"``, the small model shipped in the package, offline). ``cuda_device``: -1 the CPU,
+    N GPU N. Arrays are ``(L, n_tokens, 2P)``: ``(3, n, 1024)`` for the published models.
+    """
+
+    def __init__(self, options_file: str | None = None, weight_file: str | None = None,
+                 cuda_device: int = -1, *, model: str | Path | None = None, stateful: bool = True) -> None:
+        if (options_file is None) != (weight_file is None):
+            raise ElmoError("ElmoEmbedder: options_file and weight_file go together")
+        if options_file is not None and model is not None:
+            raise ElmoError("ElmoEmbedder: give either model or options_file/weight_file, not both")
+        device = _device_of(cuda_device)
+        if options_file is not None:
+            self.elmo_bilm = BiLM.from_published(options_file, weight_file, stateful=stateful)
+        else:
+            name = DEFAULT_MODEL if model is None else model
+            self.elmo_bilm = BiLM.from_pretrained(name, stateful=stateful)
+        self.elmo_bilm = self.elmo_bilm.to(device).eval()
+        self.cuda_device = cuda_device
+
+    def batch_to_embeddings(self, batch: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, L, T, 2P)`` activations and the ``(B, T)`` mask of one batch."""
+        with torch.no_grad():
+            out = self.elmo_bilm(batch_to_ids(batch).to(self.elmo_bilm.device))
+        return torch.stack(out.layers, dim=1), out.mask
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros((self.elmo_bilm.num_layers, 0, self.elmo_bilm.output_dim), np.float32)
+
+    def embed_sentence(self, sentence: list[str]) -> np.ndarray:
+        """One tokenised sentence: ``(L, n_tokens, 2P)``."""
+        return self.embed_batch([sentence])[0]
+
+    def embed_batch(self, batch: list[list[str]]) -> list[np.ndarray]:
+        """One array per sentence of ``batch``, run as one batch (an empty sentence: ``(L, 0, 2P)``)."""
+        if all(len(s) == 0 for s in batch):          # nothing to run; the carried state is kept
+            return [self._empty() for _ in batch]
+        acts, mask = self.batch_to_embeddings(batch)
+        acts = acts.float().cpu().numpy()
+        lengths = mask.sum(1).tolist()
+        return [np.ascontiguousarray(acts[i, :, :n]) if n else self._empty()
+                for i, n in enumerate(lengths)]
+
+    def embed_sentences(self, sentences: Iterable[list[str]],
+                        batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[np.ndarray]:
+        """A generator of arrays, in order, running ``batch_size`` sentences at a time."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ElmoError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch: list[list[str]] = []
+        for s in sentences:
+            batch.append(s)
+            if len(batch) == batch_size:
+                yield from self.embed_batch(batch)
+                batch = []
+        if batch:
+            yield from self.embed_batch(batch)
+
+    def embed_file(self, input_file: IO | str | Path, output_file_path: str | Path,
+                   output_format: str = "all", batch_size: int = DEFAULT_BATCH_SIZE,
+                   forget_sentences: bool = False, use_sentence_keys: bool = False) -> None:
+        """Embed a file of whitespace-tokenised sentences, one per line, into HDF5 as ``allennlp
+        elmo`` did: datasets named by line index (or, ``use_sentence_keys``, by the sentence), plus
+        ``sentence_to_index`` unless ``forget_sentences``. ``output_format``: all, top or average.
+        ``input_file`` is an open text file (closed afterwards, as AllenNLP does) or a path.
+        Batches are ``batch_size`` lines in file order; the carried state starts from zero.
+        """
+        from .embed.hdf5 import embed_file
+
+        if output_format not in ("all", "top", "average"):
+            raise ElmoError(f"output_format must be all, top or average, got {output_format!r}")
+        with _input_path(input_file) as path:
+            embed_file(self.elmo_bilm, path, output_file_path, output_format,
+                       batch_size=batch_size if self.elmo_bilm.stateful else None,
+                       sentence_index=not forget_sentences,
+                       keys="sentence" if use_sentence_keys else "index")
+
+
+class _input_path:
+    """A path for ``input_file``: its own, or a temporary copy of a stream's text."""
+
+    def __init__(self, input_file: IO | str | Path) -> None:
+        self.file, self.tmp = input_file, None
+
+    def __enter__(self) -> str:
+        if not hasattr(self.file, "read"):
+            return str(self.file)
+        name = getattr(self.file, "name", None)
+        if isinstance(name, str) and Path(name).is_file() and self.file.tell() == 0:
+            return name
+        self.tmp = tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False)
+        with self.tmp:
+            for line in self.file:
+                self.tmp.write(line if isinstance(line, str) else line.decode("utf-8"))
+        return self.tmp.name
+
+    def __exit__(self, *exc) -> bool:
+        if self.tmp is not None:
+            Path(self.tmp.name).unlink(missing_ok=True)
+        if hasattr(self.file, "close"):
+            self.file.close()
+        return False
