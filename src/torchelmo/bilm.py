@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from . import weights
+from . import hub, weights
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder
@@ -264,8 +264,9 @@ class BiLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> "BiLM":
-        """Load a model by registry name (downloaded once, then cached), ``"default"`` (the
-        model shipped in the package), or a directory in the native or the published layout."""
+        """Load a model by registry name or alias (downloaded once, then cached), ``"default"``
+        (the model shipped in the package), a directory in the native or the published layout, or
+        a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""
         name = str(name_or_path)
         path = weights.default_model_dir() if name == "default" else Path(name)
         if path.is_dir():
@@ -280,12 +281,15 @@ class BiLM(nn.Module):
             return cls.from_published(*found, **kw)
         if name in weights.REGISTRY or name in weights.ALIASES:
             return cls.from_published(*weights.resolve_published(name), **kw)
-        raise ElmoError(f"{name}: no such model directory, and not a published model name "
-                        f"({', '.join(weights.REGISTRY)})")
+        return cls.from_pretrained(hub.resolve(name), **kw)   # a Hub id, or the error listing every name
 
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``."""
-        return weights.save_native(self, out_dir)
+    def save_pretrained(self, out_dir: str | Path, **card) -> Path:
+        """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``,
+        and a model card ``README.md`` (``card``: :func:`torchelmo.hub.model_card`'s fields), ready
+        to upload to the Hugging Face Hub."""
+        out = weights.save_native(self, out_dir)
+        hub.write_model_card(self, out, **card)
+        return out
 
     def export_published(self, out_dir: str | Path, name: str = "elmo") -> tuple[Path, Path]:
         """Write ``<name>_options.json`` + ``<name>_weights.hdf5`` that bilm-tf/AllenNLP can read."""

@@ -1,0 +1,130 @@
+"""Hugging Face Hub names, offline against a cache in the hub's own layout, and the directory
+save_pretrained writes for upload (weights + model card)."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import huggingface_hub.constants
+import pytest
+import torch
+
+from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
+from torchelmo import weights as W
+from torchelmo.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REV_A, REV_B = "a1" * 20, "b2" * 20
+SENTS = [["The", "cat", "sat", "."], ["Hub", "!"]]
+
+
+def _tiny(seed):
+    torch.manual_seed(seed)
+    cfg = ElmoConfig(lstm_dim=12, projection_dim=5, char_embed_dim=3, n_highway=1, filters=[[1, 4], [2, 4]])
+    return BiLM(cfg).eval()
+
+
+def _same(a, b):
+    with torch.no_grad():
+        ids = batch_to_ids(SENTS)
+        return all(torch.equal(x, y) for x, y in zip(a(ids).layers, b(ids).layers))
+
+
+def _put_in_cache(cache, repo_id, rev, model_dir, refs=()):
+    """Files laid out as huggingface_hub stores them: blobs named by digest, snapshot/<rev>/ links
+    to them, refs/<branch or tag> holding the revision."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / rev
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        data = (model_dir / name).read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / name).symlink_to(os.path.relpath(blob, snap))
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(rev)
+
+
+@pytest.fixture()
+def hub_cache(tmp_path, monkeypatch):
+    """A hub cache with me/tiny: main -> model A, tag v1 -> model B; the Hub itself unreachable."""
+    cache = tmp_path / "hf" / "hub"
+    models = {"A": _tiny(0), "B": _tiny(1)}
+    for (key, model), rev, refs in zip(models.items(), (REV_A, REV_B), (["main"], ["v1"])):
+        _put_in_cache(cache, "me/tiny", rev, model.save_pretrained(tmp_path / key), refs)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache, models
+
+
+def test_from_pretrained_reads_hub_ids_from_the_cache(hub_cache):
+    _, models = hub_cache
+    assert _same(BiLM.from_pretrained("me/tiny"), models["A"])
+    assert _same(BiLM.from_pretrained("me/tiny@v1"), models["B"])
+    assert _same(BiLM.from_pretrained(f"me/tiny@{REV_A}"), models["A"])
+    assert not _same(models["A"], models["B"])
+
+
+def test_hub_errors_are_one_line(hub_cache, monkeypatch):
+    cache, _ = hub_cache
+    for name, match in (("me/other", "not in the Hugging Face Hub cache"),
+                        ("me/tiny@v9", "not in the Hugging Face Hub cache")):
+        with pytest.raises(ElmoError, match=match) as e:
+            BiLM.from_pretrained(name)
+        assert "\n" not in str(e.value) and str(e.value).startswith(name)
+    # A repository without our format.
+    (cache / "models--me--tiny" / "snapshots" / REV_A / "config.json").unlink()
+    with pytest.raises(ElmoError, match="holds no config.json"):
+        BiLM.from_pretrained("me/tiny")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)   # the optional extra not installed
+    with pytest.raises(ElmoError, match=r"pip install 'torchelmo\[hub\]'"):
+        BiLM.from_pretrained("me/tiny")
+
+
+def test_unknown_name_lists_every_accepted_name(capsys):
+    with pytest.raises(ElmoError) as e:
+        BiLM.from_pretrained("no-such-model")
+    msg = str(e.value)
+    assert "\n" not in msg and "'default'" in msg and "owner/name" in msg and "directory" in msg
+    for name in [*W.REGISTRY, *W.ALIASES]:
+        assert name in msg
+    assert main(["info", "a/b/c"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "original-5.5b" in err
+
+
+def test_save_pretrained_writes_a_directory_ready_to_upload(tmp_path):
+    model = _tiny(2)
+    out = model.save_pretrained(tmp_path / "m", repo_id="me/tiny", license="apache-2.0", language="en")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    card = (out / "README.md").read_text()
+    front = card.split("---\n")[1].splitlines()
+    assert {"library_name: torchelmo", "license: apache-2.0", "- en"} <= set(front)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 'BiLM.from_pretrained("me/tiny")' in card and f"{n_params:,}" in card
+    assert json.loads((out / "config.json").read_text())["lstm"]["dim"] == 12
+    assert _same(BiLM.from_pretrained(out), model)
+    # Saving again refreshes a card torchelmo wrote, and keeps one written by hand.
+    model.save_pretrained(out, license="mit")
+    assert "license: mit" in (out / "README.md").read_text()
+    (out / "README.md").write_text("# my own card\n")
+    model.save_pretrained(out)
+    assert (out / "README.md").read_text() == "# my own card\n"
+
+
+def test_cli_loads_a_hub_id_offline_in_a_fresh_process(tmp_path):
+    model = _tiny(3)
+    _put_in_cache(tmp_path / "hf" / "hub", "me/tiny", REV_A, model.save_pretrained(tmp_path / "m"), ["main"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-m", "torchelmo.cli", "info", "me/tiny"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["parameters"] == sum(p.numel() for p in model.parameters())
+    assert info["options"] == model.config.to_options()
