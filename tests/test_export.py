@@ -107,7 +107,7 @@ def test_torchscript_in_a_fresh_process_equals_eager(default_model, tmp_path):
 def test_cli_export_both_formats(tmp_path, capsys):
     model_dir = _tiny_random(seed=1).save_pretrained(tmp_path / "tiny")
     for name, fmt in (("m.onnx", "onnx"), ("m.ts", "torchscript"), ("model.bin", "torchscript")):
-        extra = ["--format", fmt] if name.endswith(".bin") else []
+        extra = ["--format", fmt, "--device", "cpu", "--threads", "1"] if name.endswith(".bin") else []
         assert main(["export", str(model_dir), str(tmp_path / name), *extra]) == 0
         assert f"({fmt}); matches the eager model" in capsys.readouterr().out
 

@@ -35,6 +35,7 @@ from . import weights
 from .bilm import BiLM
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
 from .errors import ElmoError
+from .runtime import add_device_args, apply_device_args
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
@@ -286,12 +287,15 @@ def add_subcommand(sub) -> None:
     p.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset version (default {OPSET})")
     p.add_argument("--no-verify", action="store_true",
                    help="skip running the written file against the eager model")
+    add_device_args(p)   # where the eager model runs for the check; the file itself is device-free
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     fmt = format_for(args.out, args.format)
-    diff = export(args.model, args.out, fmt, verify=not args.no_verify, opset=args.opset)
+    device = apply_device_args(args)
+    bilm = BiLM.from_pretrained(args.model).to(device)
+    diff = export(bilm, args.out, fmt, verify=not args.no_verify, opset=args.opset)
     if args.no_verify:
         note = "not verified"
     elif diff is None:
