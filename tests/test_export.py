@@ -116,6 +116,8 @@ def test_cli_export_errors_are_one_line(tmp_path, capsys):
     assert main(["export", "default", str(tmp_path / "model.bin")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot tell the format" in err and "--format" in err
+    assert main(["export", "default", str(tmp_path / "m.onnx"), "--opset", "9"]) == 1
+    assert "opset 9 is not supported (use 13 to 20)" in capsys.readouterr().err
     with pytest.raises(ElmoError, match="stateful"):
         export(BiLM.from_pretrained("default", stateful=True), tmp_path / "m.pt")
 

@@ -41,7 +41,10 @@ FORMATS = ("onnx", "torchscript")
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
 INPUT_NAMES, OUTPUT_NAMES = ["char_ids"], ["layers", "mask"]
 OPSET = 17
-FORGET_BIAS = 1.0
+# 13: the first opset whose loop-carried tensors the exporter can type; 20: the last the
+# TorchScript-based exporter supports.
+MIN_OPSET, MAX_OPSET = 13, 20
+FORGET_BIAS = 1.0   # added to the forget gate: the published B leaves it out, as bilm-tf does
 
 
 class _LstmLayer(nn.Module):
@@ -254,6 +257,8 @@ def export(model: BiLM | str | Path, out: str | Path, format: str | None = None,
     and raises :class:`ElmoError` if it exceeds 1e-4.
     """
     fmt = format_for(out, format)
+    if fmt == "onnx" and not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ElmoError(f"export: ONNX opset {opset} is not supported (use {MIN_OPSET} to {MAX_OPSET})")
     bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)
     module = exportable(bilm)
     out = Path(out)
@@ -284,7 +289,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("model", help="model directory, published name, Hub id, or 'default'")
     p.add_argument("out", help="output file (.onnx, .pt or .ts unless --format is given)")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's suffix)")
-    p.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset version (default {OPSET})")
+    p.add_argument("--opset", type=int, default=OPSET,
+                   help=f"ONNX opset version, {MIN_OPSET} to {MAX_OPSET} (default {OPSET})")
     p.add_argument("--no-verify", action="store_true",
                    help="skip running the written file against the eager model")
     add_device_args(p)   # where the eager model runs for the check; the file itself is device-free
