@@ -32,7 +32,10 @@ def accepted_names() -> str:
             + ", a model directory, or a Hugging Face Hub id owner/name[@revision]")
 
 
-def unknown_model(name: str, why: str = "no such model directory, and not a published model name") -> ElmoError:
+NOT_FOUND = "no such model directory, and not a published model name"
+
+
+def unknown_model(name: str, why: str = NOT_FOUND) -> ElmoError:
     return ElmoError(f"{name}: {why}; accepted: {accepted_names()}")
 
 
@@ -60,13 +63,14 @@ def resolve(name: str) -> Path:
             repo, revision=revision, allow_patterns=FILES, library_name="torchelmo",
             library_version=__version__, local_files_only=offline)
     except hf_errors.RevisionNotFoundError:
-        raise ElmoError(f"{name}: the Hugging Face Hub repository {repo} has no revision {revision!r}") from None
+        raise ElmoError(f"{name}: the Hugging Face Hub repository {repo} has no revision "
+                        f"{revision!r}") from None
     except hf_errors.RepositoryNotFoundError:
         raise unknown_model(name, "no such model directory, and no such (or no accessible) "
                                   "Hugging Face Hub repository") from None
     except hf_errors.LocalEntryNotFoundError:
-        raise ElmoError(f"{name}: no such model directory, and not in the Hugging Face Hub cache "
-                        "while the Hub cannot be reached (HF_HUB_OFFLINE, ELMO_OFFLINE or no connection)") from None
+        raise ElmoError(f"{name}: no such model directory, and not in the Hugging Face Hub cache while "
+                        "the Hub cannot be reached (HF_HUB_OFFLINE, ELMO_OFFLINE or no connection)") from None
     except (hf_errors.HFValidationError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ElmoError(f"{name}: cannot get it from the Hugging Face Hub ({first})") from None
@@ -108,7 +112,8 @@ def model_card(bilm, repo_id: str | None = None, description: str | None = None,
         "",
         f'bilm = BiLM.from_pretrained("{name}")   # pip install "torchelmo[hub]"',
         'out = bilm(batch_to_ids([["The", "cat", "sat", "."]]))',
-        f"layers, mask = out.layers, out.mask   # {cfg.num_layers_out} layers, each (batch, tokens, {cfg.output_dim})",
+        (f"layers, mask = out.layers, out.mask   # {cfg.num_layers_out} layers, "
+         f"each (batch, tokens, {cfg.output_dim})"),
         "```", "",
         f"or from the command line: `elmo embed sentences.txt out.hdf5 --all --model {name}`.", "",
         "## Model", "",
