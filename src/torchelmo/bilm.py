@@ -29,6 +29,7 @@ from .config import ElmoConfig
 from .encoder import CharCNNEncoder
 from .errors import ElmoError
 from .lstm import BiLstmLayer
+from .precision import check_precision, precision_context
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -118,9 +119,18 @@ def _carried(final: State, carried: State | None) -> State:
             for (c, h), (cs, hs) in zip(final, carried)]
 
 
+def _check_char_ids(char_ids: torch.Tensor, n_characters: int) -> None:
+    # An id out of range would index past the embedding (a crash) or, if negative, silently wrap.
+    if char_ids.dtype.is_floating_point or char_ids.dtype.is_complex or char_ids.dtype == torch.bool:
+        raise ElmoError(f"BiLM: char ids must be integers (from batch_to_ids), got dtype {char_ids.dtype}")
+    lo, hi = int(char_ids.min()), int(char_ids.max())
+    if lo < 0 or hi >= n_characters:
+        raise ElmoError(f"BiLM: char ids must be in 0..{n_characters - 1}, got values in {lo}..{hi}")
+
+
 class BiLM(nn.Module):
     def __init__(self, config: ElmoConfig, stateful: bool = False,
-                 regularisation: Regularisation | None = None) -> None:
+                 regularisation: Regularisation | None = None, precision: str = "fp32") -> None:
         super().__init__()
         self.config = config
         self.encoder = CharCNNEncoder(config)
@@ -129,6 +139,15 @@ class BiLM(nn.Module):
         self.stateful = stateful
         self.regularisation = regularisation or Regularisation()   # applied in training mode only
         self._state: State | None = None
+        self.precision = precision   # see torchelmo.precision; settable at any time
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._precision = check_precision(value)
 
     dropout = property(lambda self: self.regularisation.dropout)
     variational_dropout = property(lambda self: self.regularisation.variational_dropout)
@@ -193,7 +212,8 @@ class BiLM(nn.Module):
             if self.training and self.weight_drop > 0:
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
-            out, c, h = layer(h_in, sorted_lengths, c0[:, order], h0[:, order], cfg.cell_clip, cfg.proj_clip, w_h)
+            out, c, h = layer(h_in, sorted_lengths, c0[:, order], h0[:, order], cfg.cell_clip, cfg.proj_clip,
+                              w_h, self.precision)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)
@@ -223,6 +243,7 @@ class BiLM(nn.Module):
         B, T, C = char_ids.shape
         if B == 0:
             raise ElmoError("BiLM: empty batch (no sentences)")
+        _check_char_ids(char_ids, self.config.n_characters)
         device = char_ids.device
         mask = char_ids[..., 0] > 0
         lengths = mask.sum(1)
@@ -230,10 +251,11 @@ class BiLM(nn.Module):
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 
-        e = self.encoder(ids)                                      # (B, T+2, P)
-        x = torch.stack([e, reverse_padded(e, full_len)])           # (2, B, T+2, P)
-        init = self._initial_state(B, e) if self.stateful else None
-        outs, final = self.run_stacks(x, full_len, init)
+        with precision_context(self.precision, device):
+            e = self.encoder(ids).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
+            x = torch.stack([e, reverse_padded(e, full_len)])       # (2, B, T+2, P)
+            init = self._initial_state(B, e) if self.stateful else None
+            outs, final = self.run_stacks(x, full_len, init)
         if self.stateful:
             self._store_state(final)
 

@@ -22,6 +22,7 @@ per-step allocation, in one of two ways chosen by the layer's width:
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -51,10 +52,10 @@ class BiLstmLayer(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, lengths: list[int], c0: torch.Tensor, h0: torch.Tensor,
-                cell_clip: float | None, proj_clip: float | None, w_h: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                cell_clip: float | None, proj_clip: float | None, w_h: torch.Tensor | None = None,
+                precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`lstm_layer` with this layer's weights."""
-        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 
 def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
@@ -70,6 +71,8 @@ def lstm_layer(
     cell_clip: float | None,
     proj_clip: float | None,
     w_h: torch.Tensor | None = None,
+    precision: str = "fp32",
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run one layer, both directions.
 
@@ -80,6 +83,11 @@ def lstm_layer(
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
     w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
         dropped copy serves every step of the window).
+    precision : ``fp32``, ``tf32`` or ``bf16``: the matmuls of the fused CUDA recurrence (the
+        CPU paths compute in fp32).
+    fused : run the Triton recurrence of :mod:`torchelmo.fused`; default (:func:`use_fused`): on
+        CUDA when Triton is installed; ``TORCHELMO_FUSED=0`` turns it off, ``=1`` forces it (on CPU
+        that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
 
     Returns
     -------
@@ -87,11 +95,46 @@ def lstm_layer(
     state after its last position (its initial state if its length is 0).
     """
     w_h = layer.w_h if w_h is None else w_h
+    if fused is None:
+        fused = use_fused(x.device)
+    if fused:
+        return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
+    x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
     if layer.input_dim + layer.projection_dim <= FUSED_MAX_K:
         return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+
+
+def use_fused(device: torch.device) -> bool:
+    """Whether :func:`lstm_layer` runs the fused recurrence on ``device`` by default."""
+    mode = os.environ.get("TORCHELMO_FUSED", "auto")
+    if mode == "1":
+        return True
+    if mode == "0" or device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401   (it comes with the CUDA builds of PyTorch)
+    except ImportError:
+        return False
+    return True
+
+
+def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+    """:func:`lstm_layer` through :func:`torchelmo.fused.fused_recurrence` (differentiable)."""
+    from .fused import fused_recurrence   # imports Triton: only when this path runs
+
+    _, B, T, In = x.shape
+    D = layer.lstm_dim
+    # Time-major input products for all steps in one matmul (autograd handles W_x, b and x).
+    xt = x.transpose(1, 2).reshape(2, T * B, In)
+    dt = layer.w_x.dtype   # the parameters' (autocast may hand bfloat16 products)
+    xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
+    lens = torch.tensor(lengths, dtype=torch.int32).to(x.device, non_blocking=True)
+    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p, c0.to(dt), h0.to(dt), lens,
+                                 cell_clip, proj_clip, precision)
+    return out.transpose(1, 2), c, h
 
 
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):

@@ -1,0 +1,318 @@
+"""The LSTMP recurrence as two Triton kernels per time step, forward and backward.
+
+The input products ``xw = x W_x + b`` of all steps are one big matmul done beforehand (in
+autograd, by the caller); what is left is sequential, and runs here, both directions in the same
+launches (grid axis 2 is the direction)::
+
+    step t, kernel 1:  z = xw_t + h_{t-1} W_h          (matmul; the four gates of a block of
+                       c_t = clip(sigmoid(f + 1) c_{t-1} + sigmoid(i) tanh(j))   units at once)
+                       g_t = sigmoid(o) tanh(c_t)
+    step t, kernel 2:  h_t = clip(g_t W_p)             (matmul; clip and masking in the epilogue)
+
+Rows whose length is <= t keep their state and output zeros, so a batch needs no sorting and the
+time loop has no host synchronisation. The backward pass mirrors it (two kernels per step, from
+the last step down); the weight gradients are then two large matmuls over all steps.
+
+Precision (:mod:`torchelmo.precision`): ``fp32`` computes every product in IEEE fp32; ``tf32`` lets the
+matmuls use TF32 tensor cores; ``bf16`` rounds matmul operands to bfloat16. The cell state, the
+gates and all accumulation stay fp32 in every mode.
+
+Triton ships with the CUDA builds of PyTorch. On CPU the kernels run under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before this module is imported), which is how they are tested without
+a GPU; the interpreter has no bfloat16 matmul, so there ``bf16`` rounds the operands and
+multiplies in fp32, the same numbers up to summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .precision import PRECISIONS
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the CPU install has no Triton; the CUDA builds of PyTorch bring it
+    triton = None
+
+FORGET_BIAS = 1.0
+_PREC_CODE = {"fp32": 0, "tf32": 1, "bf16": 2}
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def interpreted() -> bool:
+    """Whether the kernels were built for Triton's CPU interpreter (decided at import)."""
+    return triton is not None and type(_gates_fwd).__name__ == "InterpretedFunction"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        # Triton has no portable tanh; this form is exact to fp32 rounding for |x| < 44
+        # and saturates correctly beyond.
+        return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+    @triton.jit
+    def _mma(a, b, acc, PREC: tl.constexpr, EMULATE_BF16: tl.constexpr):
+        if PREC == 2:
+            if EMULATE_BF16:
+                return acc + tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32),
+                                    input_precision="ieee")
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        if PREC == 1:
+            return tl.dot(a, b, acc, input_precision="tf32")
+        return tl.dot(a, b, acc, input_precision="ieee")
+
+    @triton.jit
+    def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cell_clip,
+                   CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+                   EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
+        """z = xw_t + h W_h for rows [BM block] x units [BD block], all four gates; then the cell."""
+        d = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        ru = tl.program_id(1) * BD + tl.arange(0, BD)
+        m_ok, u_ok = rm < B, ru < D
+        mu = m_ok[:, None] & u_ok[None, :]
+        G = 4 * D
+        acc_i = tl.zeros((BM, BD), xw.dtype.element_ty)
+        acc_j = tl.zeros((BM, BD), xw.dtype.element_ty)
+        acc_f = tl.zeros((BM, BD), xw.dtype.element_ty)
+        acc_o = tl.zeros((BM, BD), xw.dtype.element_ty)
+        for k0 in range(0, P, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < P
+            hk = tl.load(h + d * B * P + rm[:, None] * P + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wp = w_h + d * P * G + rk[:, None] * G + ru[None, :]
+            wm = k_ok[:, None] & u_ok[None, :]
+            acc_i = _mma(hk, tl.load(wp, mask=wm, other=0.0), acc_i, PREC, EMULATE_BF16)
+            acc_j = _mma(hk, tl.load(wp + D, mask=wm, other=0.0), acc_j, PREC, EMULATE_BF16)
+            acc_f = _mma(hk, tl.load(wp + 2 * D, mask=wm, other=0.0), acc_f, PREC, EMULATE_BF16)
+            acc_o = _mma(hk, tl.load(wp + 3 * D, mask=wm, other=0.0), acc_o, PREC, EMULATE_BF16)
+        row = (d * T + t) * B + rm[:, None]
+        zp = xw + row * G + ru[None, :]
+        i = tl.sigmoid(acc_i + tl.load(zp, mask=mu, other=0.0))
+        j = _tanh(acc_j + tl.load(zp + D, mask=mu, other=0.0))
+        f = tl.sigmoid(acc_f + tl.load(zp + 2 * D, mask=mu, other=0.0) + 1.0)
+        o = tl.sigmoid(acc_o + tl.load(zp + 3 * D, mask=mu, other=0.0))
+        cp = c + d * B * D + rm[:, None] * D + ru[None, :]
+        pre = f * tl.load(cp, mask=mu, other=0.0) + i * j
+        c_new = pre
+        if CLIP:
+            c_new = tl.minimum(tl.maximum(pre, -cell_clip), cell_clip)
+        active = t < tl.load(lengths + rm, mask=m_ok, other=0)
+        tl.store(cp, c_new, mask=mu & active[:, None])
+        tl.store(g + d * g_dir + t * g_t + rm[:, None] * D + ru[None, :], o * _tanh(c_new), mask=mu)
+        if SAVE:
+            sp = gates + row * G + ru[None, :]
+            tl.store(sp, i, mask=mu)
+            tl.store(sp + D, j, mask=mu)
+            tl.store(sp + 2 * D, f, mask=mu)
+            tl.store(sp + 3 * D, o, mask=mu)
+            tl.store(c_pre + row * D + ru[None, :], pre, mask=mu)
+
+    @triton.jit
+    def _proj_fwd(g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, proj_clip,
+                  CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+                  EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """h_t = clip(g_t W_p): the new state of running rows, and the step's output."""
+        d = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m_ok, n_ok = rm < B, rn < P
+        mn = m_ok[:, None] & n_ok[None, :]
+        acc = tl.zeros((BM, BN), g.dtype.element_ty)
+        for k0 in range(0, D, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < D
+            gk = tl.load(g + d * g_dir + t * g_t + rm[:, None] * D + rk[None, :],
+                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wk = tl.load(w_p + d * D * P + rk[:, None] * P + rn[None, :], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma(gk, wk, acc, PREC, EMULATE_BF16)
+        hv = acc
+        if CLIP:
+            hv = tl.minimum(tl.maximum(acc, -proj_clip), proj_clip)
+        active = (t < tl.load(lengths + rm, mask=m_ok, other=0))[:, None]
+        tl.store(h + d * B * P + rm[:, None] * P + rn[None, :], hv, mask=mn & active)
+        row = (d * T + t) * B + rm[:, None]
+        tl.store(out + row * P + rn[None, :], tl.where(active, hv, 0.0), mask=mn)
+        if SAVE:
+            tl.store(h_pre + row * P + rn[None, :], acc, mask=mn)
+
+    @triton.jit
+    def _gates_bwd(dh, dout, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
+                   t, T, B, D, P, c_prev_dir, cell_clip, proj_clip,
+                   CLIP_C: tl.constexpr, CLIP_P: tl.constexpr, CLIP_PREV: tl.constexpr,
+                   PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                   BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
+        """Step t backward to the gates: dg = dh_pre W_p^T, then dz (= d xw_t) and dc_{t-1}."""
+        d = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        ru = tl.program_id(1) * BD + tl.arange(0, BD)
+        m_ok, u_ok = rm < B, ru < D
+        mu = m_ok[:, None] & u_ok[None, :]
+        active = t < tl.load(lengths + rm, mask=m_ok, other=0)
+        row = (d * T + t) * B + rm[:, None]
+        acc = tl.zeros((BM, BD), dh.dtype.element_ty)
+        for k0 in range(0, P, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < P
+            mk = m_ok[:, None] & k_ok[None, :]
+            g = tl.load(dh + d * B * P + rm[:, None] * P + rk[None, :], mask=mk, other=0.0)
+            g += tl.load(dout + row * P + rk[None, :], mask=mk, other=0.0)
+            if CLIP_P:   # clamp passes the gradient where -clip <= h_pre <= clip
+                hp = tl.load(h_pre + row * P + rk[None, :], mask=mk, other=0.0)
+                g = tl.where(tl.abs(hp) <= proj_clip, g, 0.0)
+            g = tl.where(active[:, None], g, 0.0)
+            if tl.program_id(1) == 0:
+                tl.store(dh_pre + row * P + rk[None, :], g, mask=mk)
+            wt = tl.load(w_p + d * D * P + ru[None, :] * P + rk[:, None], mask=k_ok[:, None] & u_ok[None, :], other=0.0)
+            acc = _mma(g, wt, acc, PREC, EMULATE_BF16)
+        G = 4 * D
+        sp = gates + row * G + ru[None, :]
+        i = tl.load(sp, mask=mu, other=0.0)
+        j = tl.load(sp + D, mask=mu, other=0.0)
+        f = tl.load(sp + 2 * D, mask=mu, other=0.0)
+        o = tl.load(sp + 3 * D, mask=mu, other=0.0)
+        pre = tl.load(c_pre + row * D + ru[None, :], mask=mu, other=0.0)
+        c_new = pre
+        if CLIP_C:
+            c_new = tl.minimum(tl.maximum(pre, -cell_clip), cell_clip)
+        cprev = tl.load(c_prev + d * c_prev_dir + rm[:, None] * D + ru[None, :], mask=mu, other=0.0)
+        if CLIP_PREV:
+            cprev = tl.minimum(tl.maximum(cprev, -cell_clip), cell_clip)
+        tc = _tanh(c_new)
+        dcp = dc + d * B * D + rm[:, None] * D + ru[None, :]
+        dc_in = tl.load(dcp, mask=mu, other=0.0)
+        dcell = dc_in + acc * o * (1.0 - tc * tc)
+        if CLIP_C:
+            dcell = tl.where(tl.abs(pre) <= cell_clip, dcell, 0.0)
+        a = active[:, None]
+        tl.store(dcp, tl.where(a, dcell * f, dc_in), mask=mu)
+        zp = dz + row * G + ru[None, :]
+        tl.store(zp, tl.where(a, dcell * j * i * (1.0 - i), 0.0), mask=mu)
+        tl.store(zp + D, tl.where(a, dcell * i * (1.0 - j * j), 0.0), mask=mu)
+        tl.store(zp + 2 * D, tl.where(a, dcell * cprev * f * (1.0 - f), 0.0), mask=mu)
+        tl.store(zp + 3 * D, tl.where(a, acc * tc * o * (1.0 - o), 0.0), mask=mu)
+
+    @triton.jit
+    def _rec_bwd(dz, w_h, dh, lengths, t, T, B, D, P,
+                 PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """dh_{t-1} = dz_t W_h^T for running rows; finished rows pass their gradient through."""
+        d = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m_ok, n_ok = rm < B, rn < P
+        G = 4 * D
+        row = (d * T + t) * B + rm[:, None]
+        acc = tl.zeros((BM, BN), dz.dtype.element_ty)
+        for k0 in range(0, G, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < G
+            a = tl.load(dz + row * G + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w_h + d * P * G + rn[None, :] * G + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma(a, wt, acc, PREC, EMULATE_BF16)
+        active = (t < tl.load(lengths + rm, mask=m_ok, other=0))[:, None]
+        p = dh + d * B * P + rm[:, None] * P + rn[None, :]
+        mn = m_ok[:, None] & n_ok[None, :]
+        tl.store(p, tl.where(active, acc, tl.load(p, mask=mn, other=0.0)), mask=mn)
+
+
+def _blocks(B: int, N: int) -> tuple[int, int, int]:
+    """Tile sizes (rows, columns, reduction): at least 16 for tl.dot; not tuned per GPU."""
+    bm = 16 if B <= 16 else 32 if B <= 32 else 64
+    bn = 16 if N <= 16 else 32 if N <= 32 else 64
+    return bm, bn, 32
+
+
+def _grid(B: int, N: int, bm: int, bn: int) -> tuple[int, int, int]:
+    return (triton.cdiv(B, bm), triton.cdiv(N, bn), 2)
+
+
+def _flags(precision: str, dtype: torch.dtype) -> dict:
+    # float64 (gradient checks) has no reduced-precision form: always IEEE.
+    prec = 0 if dtype == torch.float64 else _PREC_CODE[precision]
+    return dict(PREC=prec, EMULATE_BF16=interpreted())
+
+
+class FusedRecurrence(torch.autograd.Function):
+    """``(xw (2, T, B, 4D), w_h (2, P, 4D), w_p (2, D, P), c0 (2, B, D), h0 (2, B, P))`` ->
+    ``out (2, T, B, P), c (2, B, D), h (2, B, P)``; ``lengths (B,)`` int32 on the same device."""
+
+    @staticmethod
+    def forward(ctx, xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision):
+        _, T, B, G = xw.shape
+        D, P = G // 4, h0.shape[-1]
+        save = any(ctx.needs_input_grad[:5])
+        xw, w_h, w_p = xw.contiguous(), w_h.contiguous(), w_p.contiguous()
+        c, h = c0.clone().contiguous(), h0.clone().contiguous()
+        out = xw.new_empty(2, T, B, P)
+        if save:
+            g = xw.new_empty(2, T, B, D)
+            gates, c_pre, h_pre = xw.new_empty(2, T, B, G), xw.new_empty(2, T, B, D), xw.new_empty(2, T, B, P)
+            g_dir, g_t = T * B * D, B * D
+        else:
+            g = xw.new_empty(2, B, D)
+            gates = c_pre = h_pre = g
+            g_dir, g_t = B * D, 0
+        flags = _flags(precision, xw.dtype)
+        bm, bd, bk = _blocks(B, D)
+        _, bn, _ = _blocks(B, P)
+        cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
+        for t in range(T):
+            _gates_fwd[_grid(B, D, bm, bd)](
+                xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
+                CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, **flags)
+            _proj_fwd[_grid(B, P, bm, bn)](
+                g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
+                CLIP=proj_clip is not None, SAVE=save, BM=bm, BN=bn, BK=bk, **flags)
+        if save:
+            ctx.save_for_backward(xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre)
+        ctx.clips, ctx.precision = (cell_clip, proj_clip), precision
+        return out, c, h
+
+    @staticmethod
+    def backward(ctx, d_out, d_c, d_h):
+        xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre = ctx.saved_tensors
+        cell_clip, proj_clip = ctx.clips
+        _, T, B, G = xw.shape
+        D, P = G // 4, h0.shape[-1]
+        d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
+        dc = torch.zeros_like(c0) if d_c is None else d_c.clone().contiguous()
+        dh = torch.zeros_like(h0) if d_h is None else d_h.clone().contiguous()
+        dz, dh_pre = torch.empty_like(xw), torch.empty_like(h_pre)
+        c0c = c0.contiguous()
+        flags = _flags(ctx.precision, xw.dtype)
+        bm, bd, bk = _blocks(B, D)
+        _, bn, _ = _blocks(B, P)
+        cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
+        for t in range(T - 1, -1, -1):
+            # c_{t-1}: clip(c_pre[t-1]) for rows running at t (they ran at t-1 too), else c0.
+            c_prev, c_prev_dir = (c_pre[:, t - 1], T * B * D) if t > 0 else (c0c, B * D)
+            _gates_bwd[_grid(B, D, bm, bd)](
+                dh, d_out, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
+                t, T, B, D, P, c_prev_dir, cc, pc,
+                CLIP_C=cell_clip is not None, CLIP_P=proj_clip is not None,
+                CLIP_PREV=cell_clip is not None and t > 0, BM=bm, BD=bd, BK=bk, **flags)
+            _rec_bwd[_grid(B, P, bm, bn)](dz, w_h, dh, lengths, t, T, B, D, P, BM=bm, BN=bn, BK=bk, **flags)
+        # Weight gradients: every step's contribution in one matmul each.
+        h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)          # (2, T, B, P)
+        d_wh = torch.bmm(h_prev.reshape(2, T * B, P).transpose(1, 2), dz.view(2, T * B, G))
+        d_wp = torch.bmm(g.view(2, T * B, D).transpose(1, 2), dh_pre.view(2, T * B, P))
+        return dz, d_wh, d_wp, dc, dh, None, None, None, None
+
+
+def fused_recurrence(xw: torch.Tensor, w_h: torch.Tensor, w_p: torch.Tensor, c0: torch.Tensor,
+                     h0: torch.Tensor, lengths: torch.Tensor, cell_clip: float | None,
+                     proj_clip: float | None, precision: str = "fp32"
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the recurrence; see :class:`FusedRecurrence` for shapes. Differentiable."""
+    if triton is None:
+        raise RuntimeError("the fused recurrence needs Triton (it comes with the CUDA builds of PyTorch)")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return FusedRecurrence.apply(xw, w_h, w_p, c0, h0, lengths.to(torch.int32), cell_clip, proj_clip, precision)

@@ -1,0 +1,135 @@
+"""The fused (Triton) recurrence against the autograd path and finite differences.
+
+Without a GPU the kernels run under Triton's interpreter (set before the kernels are built), on
+tiny shapes; with CUDA they are compiled and also checked on the GPU.
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from torchelmo import BiLM, batch_to_ids  # noqa: E402
+from torchelmo import fused as F  # noqa: E402
+from torchelmo.config import ElmoConfig  # noqa: E402
+from torchelmo.errors import ElmoError  # noqa: E402
+from torchelmo.lstm import BiLstmLayer, lstm_layer, lstm_layer_autograd  # noqa: E402
+
+DEVICES = ["cpu"] if not HAS_CUDA else ["cuda"]
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def _layer(In=8, D=20, P=12, seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    layer = BiLstmLayer(In, D, P)
+    with torch.no_grad():
+        layer.bias.normal_()
+    return layer.to(device)
+
+
+def _inputs(layer, lengths, T, device="cpu", grad=True):
+    B = len(lengths)
+    x = torch.randn(2, B, T, layer.input_dim, device=device)
+    c0 = torch.randn(2, B, layer.lstm_dim, device=device)
+    h0 = torch.randn(2, B, layer.projection_dim, device=device)
+    return [t.requires_grad_(grad) for t in (x, c0, h0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("clips", [(None, None), (0.5, 0.3)])
+def test_forward_and_gradients_equal_autograd_path(device, clips):
+    layer = _layer(device=device)
+    lengths, T = [6, 6, 4, 1, 0], 6          # a full row, shorter ones, and an empty one
+    x, c0, h0 = _inputs(layer, lengths, T, device)
+    ref = lstm_layer_autograd(layer, x, lengths, c0, h0, *clips, layer.w_h)
+    got = lstm_layer(layer, x, lengths, c0, h0, *clips, fused=True)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    if clips[1] is not None:   # the clips were active, so their gradient masks are exercised
+        assert (got[0].abs() == clips[1]).any()
+    assert (got[0][:, 3, 1:] == 0).all() and (got[0][:, 4] == 0).all()   # zeros past each length
+    torch.testing.assert_close(got[1][:, 4], c0[:, 4])                    # length 0 keeps its state
+    weights = torch.Generator(device=device).manual_seed(1)
+    r = [torch.randn(t.shape, generator=weights, device=device) for t in ref]
+    params = [x, c0, h0, layer.w_x, layer.w_h, layer.w_p, layer.bias]
+    g_ref = torch.autograd.grad(sum((a * w).sum() for a, w in zip(ref, r)), params)
+    g_got = torch.autograd.grad(sum((a * w).sum() for a, w in zip(got, r)), params)
+    for a, b in zip(g_got, g_ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+
+
+def test_gradients_by_finite_differences_float64():
+    torch.manual_seed(0)
+    D, P, B, T = 3, 2, 2, 3
+    f64 = dict(dtype=torch.float64)
+    xw = torch.randn(2, T, B, 4 * D, **f64)
+    w_h, w_p = 0.5 * torch.randn(2, P, 4 * D, **f64), 0.5 * torch.randn(2, D, P, **f64)
+    c0, h0 = torch.randn(2, B, D, **f64), torch.randn(2, B, P, **f64)
+    args = [t.requires_grad_() for t in (xw, w_h, w_p, c0, h0)]
+    lengths = torch.tensor([3, 2])
+    for clips in [(None, None), (0.8, 0.6)]:
+        assert torch.autograd.gradcheck(lambda *a: F.fused_recurrence(*a, lengths, *clips), args,
+                                        eps=1e-6, atol=1e-5, fast_mode=True)
+
+
+def test_reduced_precision_modes_stay_close():
+    layer = _layer(In=16, D=32, P=16, seed=3)
+    lengths, T = [5, 3, 2], 5
+    x, c0, h0 = _inputs(layer, lengths, T, grad=False)
+    with torch.no_grad():
+        exact = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, fused=True)[0]
+        bf16 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="bf16", fused=True)[0]
+        tf32 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="tf32", fused=True)[0]
+    err = (bf16 - exact).abs().max().item()
+    assert 1e-4 < err < 5e-2          # operands really are rounded, and the result stays close
+    assert (tf32 - exact).abs().max().item() < 1e-2
+
+
+def test_bilm_through_fused_path_equals_cpu_path(monkeypatch):
+    torch.manual_seed(0)
+    config = {**_tiny(), "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0}
+    model = BiLM(ElmoConfig(**config), stateful=True).eval()
+    batches = [[["The", "cat", "sat", "."], ["Hello", "!"]], [["One"], ["Two", "more", "words"]]]
+    with torch.no_grad():
+        ref = [model(batch_to_ids(b)).layers for b in batches]   # the state carries across batches
+        model.reset_states()
+        monkeypatch.setenv("TORCHELMO_FUSED", "1")
+        got = [model(batch_to_ids(b)).layers for b in batches]
+    for lr, lg in zip(ref, got):
+        for a, b in zip(lg, lr):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_precision_is_validated():
+    model = BiLM(ElmoConfig(**_tiny()))
+    with pytest.raises(ElmoError, match="precision.*fp32, tf32, bf16.*'fp16'"):
+        model.precision = "fp16"
+    with pytest.raises(ValueError, match="precision"):
+        F.fused_recurrence(*([torch.zeros(1)] * 6), None, None, "fp64")
+
+
+def _tiny():
+    return dict(lstm_dim=16, projection_dim=8, n_layers=1, cell_clip=None, proj_clip=None,
+                use_skip_connections=True, char_embed_dim=4, filters=[[1, 4], [2, 4]], n_highway=1,
+                activation="relu", n_characters=262, max_characters_per_token=50)
+
+
+@needs_cuda
+def test_default_model_on_cuda_fused_equals_cpu():
+    model = BiLM.from_pretrained("default")
+    sentences = [["The", "fused", "recurrence", "runs", "here", "."], ["Short", "."], ["x"]]
+    ids = batch_to_ids(sentences)
+    with torch.no_grad():
+        ref = model(ids).layers
+        model.cuda()
+        for precision, tol in [("fp32", 1e-5), ("tf32", 5e-2), ("bf16", 1e-1)]:
+            model.precision = precision
+            got = model(ids.cuda()).layers
+            for a, b in zip(got, ref):
+                assert (a.float().cpu() - b).abs().max().item() < tol, precision
