@@ -284,6 +284,25 @@ def test_bfloat16_is_close_to_float32(fixture_model, sentences):
     assert b16[0].dtype == np.float32 and 0 < err < 0.1 * scale
 
 
+def test_precision_bf16_is_close_to_fp32(fixture_model, sentences, tmp_path, model_args, capsys):
+    sents = [s.split() for s in sentences[:8]]
+    f32 = embed_sentences(fixture_model, sents, "all")
+    fixture_model.precision = "bf16"
+    try:
+        b16 = embed_sentences(fixture_model, sents, "all")
+    finally:
+        fixture_model.precision = "fp32"
+    err = max(np.abs(a - b).max() for a, b in zip(f32, b16))
+    scale = max(np.abs(a).max() for a in f32)
+    assert b16[0].dtype == np.float32 and 0 < err < 0.1 * scale
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n")
+    assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top", "--precision", "bf16", *model_args]) == 0
+    assert main(["embed", str(src), str(tmp_path / "p.hdf5"), "--top", "--precision", "bf16",
+                 "--dtype", "float32", *model_args]) == 1
+    assert "--dtype float32 contradicts --precision bf16" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input.
 # ------------------------------------------------------------------------------------------------

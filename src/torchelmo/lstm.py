@@ -129,10 +129,12 @@ def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, preci
     D = layer.lstm_dim
     # Time-major input products for all steps in one matmul (autograd handles W_x, b and x).
     xt = x.transpose(1, 2).reshape(2, T * B, In)
-    dt = layer.w_x.dtype   # the parameters' (autocast may hand bfloat16 products)
+    # State and accumulation in fp32 (fp64 for gradient checks), whatever autocast or a
+    # bfloat16 model hands in; reduced precision is the kernels' matmul operands only.
+    dt = torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
     xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
     lens = torch.tensor(lengths, dtype=torch.int32).to(x.device, non_blocking=True)
-    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p, c0.to(dt), h0.to(dt), lens,
+    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt), lens,
                                  cell_clip, proj_clip, precision)
     return out.transpose(1, 2), c, h
 
