@@ -66,6 +66,8 @@ def average(sources: Sequence[str | Path], weights: Sequence[float] | None = Non
 
 def _run_average(args) -> int:
     sources = list(args.models)
+    if Path(args.output).exists() and not Path(args.output).is_dir():   # checked before the work
+        raise ElmoError(f"{args.output}: is a file; -o names the LM directory to write")
     lm = average(sources, args.weights)
     info = {"sources": [str(s) for s in sources], "n": len(sources)}
     if args.weights is not None:

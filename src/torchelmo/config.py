@@ -13,6 +13,7 @@ format of our own models too, so every model this library makes exports to the p
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ LSTM_REQUIRED = {"dim", "projection_dim", "n_layers"}
 LSTM_OPTIONAL = {"cell_clip", "proj_clip", "use_skip_connections"}
 CNN_REQUIRED = {"embedding", "filters", "n_characters", "max_characters_per_token"}
 CNN_OPTIONAL = {"n_highway", "activation"}
+# Where each attribute lives in the published schema (errors name the option as the file spells it).
+OPTION_NAMES = {"lstm_dim": "lstm.dim", "projection_dim": "lstm.projection_dim", "n_layers": "lstm.n_layers",
+                "cell_clip": "lstm.cell_clip", "proj_clip": "lstm.proj_clip",
+                "char_embed_dim": "char_cnn.embedding.dim"}
 N_CHARACTERS = 262  # 261 published char ids (+1 shifted) plus id 0 for padded token positions
 
 
@@ -52,7 +57,7 @@ class ElmoConfig:
     max_characters_per_token: int = MAX_CHARS
 
     def __post_init__(self) -> None:
-        self.filters = [[int(w), int(n)] for w, n in self.filters]
+        self.filters = _filters(self.filters, "config")
         self.validate()
 
     # -- derived sizes ---------------------------------------------------------------------------
@@ -74,25 +79,42 @@ class ElmoConfig:
         def bad(msg: str) -> ElmoError:
             return ElmoError(f"{source}: {msg}")
 
-        for name in ("lstm_dim", "projection_dim", "n_layers", "char_embed_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise bad(f"option {name} must be a positive integer, got {v!r}")
-        if self.n_highway < 0:
-            raise bad(f"option n_highway must be >= 0, got {self.n_highway}")
+        for name, hi in (("lstm_dim", MAX_DIM), ("projection_dim", MAX_DIM), ("n_layers", MAX_LAYERS),
+                         ("char_embed_dim", MAX_DIM)):
+            _check_int(getattr(self, name), f"option {OPTION_NAMES[name]}", 1, hi, source)
+        _check_int(self.n_highway, "option char_cnn.n_highway", 0, MAX_LAYERS, source)
+        for name in ("cell_clip", "proj_clip"):
+            _check_clip(getattr(self, name), f"option {OPTION_NAMES[name]}", source)
+        if not isinstance(self.use_skip_connections, bool):
+            raise bad(f"option lstm.use_skip_connections must be true or false, got "
+                      f"{self.use_skip_connections!r}")
         if self.activation not in ("relu", "tanh"):
             raise bad(f"option char_cnn.activation must be 'relu' or 'tanh', got {self.activation!r}")
-        if self.n_characters != N_CHARACTERS:
+        if self.n_characters != N_CHARACTERS or isinstance(self.n_characters, bool):
             raise bad(f"option char_cnn.n_characters is {self.n_characters}; this model format needs "
                       f"{N_CHARACTERS} (261 character ids + padding; 261 from a training config is accepted)")
-        if self.max_characters_per_token != MAX_CHARS:
+        if self.max_characters_per_token != MAX_CHARS or isinstance(self.max_characters_per_token, bool):
             raise bad(f"option char_cnn.max_characters_per_token must be {MAX_CHARS}, "
                       f"got {self.max_characters_per_token}")
         if not self.filters:
             raise bad("option char_cnn.filters is empty")
         for w, n in self.filters:
-            if not (1 <= w <= MAX_CHARS) or n < 1:
-                raise bad(f"option char_cnn.filters has a bad entry [{w}, {n}]")
+            if not (1 <= w <= MAX_CHARS) or not (1 <= n <= MAX_DIM):
+                raise bad(f"option char_cnn.filters has a bad entry [{w}, {n}] (widths 1..{MAX_CHARS}, "
+                          f"counts 1..{MAX_DIM})")
+        if self.num_parameters() > MAX_PARAMETERS:
+            raise bad(f"the options describe {self.num_parameters():,} parameters, more than the "
+                      f"{MAX_PARAMETERS:,} this library accepts (a mistyped size?)")
+
+    def num_parameters(self) -> int:
+        """Parameters of the biLM these options describe (checked before anything is allocated)."""
+        E, n, P, D = self.char_embed_dim, self.n_filters, self.projection_dim, self.lstm_dim
+        cnn = self.n_characters * E + sum(w * E * c + c for w, c in self.filters)
+        cnn += self.n_highway * (2 * n * n + 2 * n) + n * P + P
+        lstm = 0
+        for layer in range(self.n_layers):
+            lstm += 2 * ((P + P) * 4 * D + 4 * D + D * P)
+        return cnn + lstm
 
     # -- the published schema ----------------------------------------------------------------------
     @classmethod
@@ -111,28 +133,26 @@ class ElmoConfig:
         if not isinstance(emb, dict):
             raise ElmoError(f"{source}: option char_cnn.embedding must be an object")
         _check_keys(emb, {"dim"}, set(), source, "char_cnn.embedding.")
-        n_chars = int(cnn["n_characters"])
-        if n_chars == N_CHARACTERS - 1:  # a bilm-tf training config; ids are shifted at inference
-            n_chars = N_CHARACTERS
+        n_chars = cnn["n_characters"]
+        if n_chars == N_CHARACTERS - 1 and not isinstance(n_chars, bool):
+            n_chars = N_CHARACTERS  # a bilm-tf training config; ids are shifted at inference
         try:
             cfg = cls(
-                lstm_dim=int(lstm["dim"]),
-                projection_dim=int(lstm["projection_dim"]),
-                n_layers=int(lstm["n_layers"]),
-                cell_clip=_clip(lstm.get("cell_clip")),
-                proj_clip=_clip(lstm.get("proj_clip")),
-                use_skip_connections=bool(lstm.get("use_skip_connections", False)),
-                char_embed_dim=int(emb["dim"]),
-                filters=[list(f) for f in cnn["filters"]],
-                n_highway=int(cnn.get("n_highway") or 0),
-                activation=str(cnn.get("activation", "relu")),
+                lstm_dim=lstm["dim"],
+                projection_dim=lstm["projection_dim"],
+                n_layers=lstm["n_layers"],
+                cell_clip=lstm.get("cell_clip"),
+                proj_clip=lstm.get("proj_clip"),
+                use_skip_connections=lstm.get("use_skip_connections", False),
+                char_embed_dim=emb["dim"],
+                filters=_filters(cnn["filters"], source),
+                n_highway=0 if cnn.get("n_highway") is None else cnn["n_highway"],
+                activation=cnn.get("activation", "relu"),
                 n_characters=n_chars,
-                max_characters_per_token=int(cnn["max_characters_per_token"]),
+                max_characters_per_token=cnn["max_characters_per_token"],
             )
         except ElmoError as e:
             raise ElmoError(f"{source}: {str(e).split(': ', 1)[-1]}") from None
-        except (TypeError, ValueError) as e:
-            raise ElmoError(f"{source}: malformed option value ({e})") from None
         return cfg
 
     def to_options(self) -> dict[str, Any]:
@@ -157,6 +177,8 @@ class ElmoConfig:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ElmoError(f"{path}: cannot read options file ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise ElmoError(f"{path}: not UTF-8 text (byte {e.start}); an options file is JSON") from None
         try:
             options = json.loads(text)
         except json.JSONDecodeError as e:
@@ -167,8 +189,40 @@ class ElmoConfig:
         Path(path).write_text(json.dumps(self.to_options(), indent=2) + "\n", encoding="utf-8")
 
 
-def _clip(v: Any) -> float | None:
-    return None if v is None else float(v)
+# Bounds that keep a mistyped size from allocating until the machine dies; the largest published
+# model (4096/512, 2 highways) has about 94M parameters.
+MAX_DIM = 65_536
+MAX_LAYERS = 64
+MAX_PARAMETERS = 2_000_000_000
+
+
+def _check_int(v: Any, what: str, lo: int, hi: int, source: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ElmoError(f"{source}: {what} must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise ElmoError(f"{source}: {what} must be in {lo}..{hi:,}, got {v:,}")
+
+
+def _check_clip(v: Any, what: str, source: str) -> None:
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ElmoError(f"{source}: {what} must be a number or null, got {v!r}")
+    if not math.isfinite(v) or v <= 0:
+        raise ElmoError(f"{source}: {what} must be a positive finite number or null, got {v!r}")
+
+
+def _filters(filters: Any, source: str) -> list[list[int]]:
+    """``[[width, count], ...]`` with integer entries (a float or a bool is not rounded)."""
+    if not isinstance(filters, (list, tuple)):
+        raise ElmoError(f"{source}: option char_cnn.filters must be a list of [width, count], got {filters!r}")
+    out = []
+    for f in filters:
+        if (not isinstance(f, (list, tuple)) or len(f) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in f)):
+            raise ElmoError(f"{source}: option char_cnn.filters entry {f!r} is not [width, count] integers")
+        out.append([f[0], f[1]])
+    return out
 
 
 def _check_keys(d: dict, required: set[str], optional: set[str], source: str, prefix: str) -> None:

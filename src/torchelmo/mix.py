@@ -8,6 +8,8 @@ the downstream task; ``softmax(s)`` says which layers the task takes.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +29,8 @@ class ScalarMix(nn.Module):
         init = list(initial_scalar_parameters) if initial_scalar_parameters is not None else [0.0] * num_layers
         if len(init) != num_layers:
             raise ElmoError(f"ScalarMix: {len(init)} initial scalars for {num_layers} layers")
+        if not all(isinstance(x, numbers.Real) and math.isfinite(x) for x in init):
+            raise ElmoError(f"ScalarMix: initial scalars must be finite numbers, got {init}")
         self.num_layers = num_layers
         self.do_layer_norm = do_layer_norm
         self.scalar_parameters = nn.Parameter(torch.tensor(init, dtype=torch.float32), requires_grad=trainable)
@@ -93,6 +97,8 @@ class Elmo(nn.Module):
 
         self.bilm = bilm
         self.keep_sentence_boundaries = keep_sentence_boundaries
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
+            raise ElmoError(f"Elmo: dropout must be in [0, 1), got {dropout!r}")
         self.dropout = nn.Dropout(dropout)
         self.scalar_mixes = nn.ModuleList(
             ScalarMix(bilm.num_layers, do_layer_norm, scalar_mix_parameters,

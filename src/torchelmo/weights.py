@@ -17,12 +17,7 @@ Native layout: a directory with ``config.json`` (the same options schema) and
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import sys
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +25,7 @@ import numpy as np
 import torch
 
 from .config import ElmoConfig
+from .download import cache_dir, cached_path  # noqa: F401  (part of this module's API)
 from .errors import ElmoError
 from .fileio import atomic_path
 
@@ -122,16 +118,37 @@ def load_published_weights(bilm, weight_file: str | Path) -> None:
         raise ElmoError(f"{weight_file}: weight file not found")
     if not h5py.is_hdf5(weight_file):
         raise ElmoError(f"{weight_file}: not an HDF5 file")
-    with h5py.File(weight_file, "r") as f:
-        for name, shape, _, put in _published_layout(bilm):
-            if name not in f or not isinstance(f[name], h5py.Dataset):
-                raise ElmoError(f"{weight_file}: missing dataset {name!r} (the options ask for it)")
-            ds = f[name]
-            if tuple(ds.shape) != shape:
-                raise ElmoError(f"{weight_file}: dataset {name!r} has shape {tuple(ds.shape)}, "
-                                f"the options imply {shape}")
-            put(np.asarray(ds[...], dtype=np.float32))
+    try:
+        with h5py.File(weight_file, "r") as f:
+            for name, shape, _, put in _published_layout(bilm):
+                put(_read_dataset(f, name, shape, weight_file))
+    except (OSError, RuntimeError) as e:  # truncated or damaged: h5py finds out as it reads
+        raise ElmoError(f"{weight_file}: damaged or truncated HDF5 file ({' '.join(str(e).split())[:160]})") from None
     bilm.encoder.clear_cache()
+
+
+def _read_dataset(f, name: str, shape: tuple[int, ...], weight_file: Path) -> np.ndarray:
+    """One weight dataset as float32, checked: present, the options' shape, real numbers, finite."""
+    import h5py
+
+    if name not in f or not isinstance(f[name], h5py.Dataset):
+        raise ElmoError(f"{weight_file}: missing dataset {name!r} (the options ask for it)")
+    ds = f[name]
+    if tuple(ds.shape) != shape:
+        raise ElmoError(f"{weight_file}: dataset {name!r} has shape {tuple(ds.shape)}, "
+                        f"the options imply {shape}")
+    if ds.dtype.kind != "f":   # strings, integers, complex: never what a weight file holds
+        raise ElmoError(f"{weight_file}: dataset {name!r} has dtype {ds.dtype}, expected floating point")
+    arr = np.asarray(ds[...], dtype=np.float32)
+    check_finite(arr, f"{weight_file}: dataset {name!r}")
+    return arr
+
+
+def check_finite(arr: np.ndarray | torch.Tensor, what: str) -> None:
+    """NaN or infinite weights would give NaN vectors silently: refuse them at load."""
+    bad = ~torch.isfinite(torch.as_tensor(arr))
+    if bad.any():
+        raise ElmoError(f"{what} holds {int(bad.sum())} non-finite value(s) (NaN or inf)")
 
 
 def export_published(bilm, out_dir: str | Path, name: str = "elmo") -> tuple[Path, Path]:
@@ -197,6 +214,9 @@ def load_native(bilm, model_dir: str | Path) -> dict[str, torch.Tensor]:
         if tuple(tensors[k].shape) != tuple(v.shape):
             raise ElmoError(f"{path}: tensor {k!r} has shape {tuple(tensors[k].shape)}, "
                             f"config.json implies {tuple(v.shape)}")
+        if not tensors[k].is_floating_point():
+            raise ElmoError(f"{path}: tensor {k!r} has dtype {tensors[k].dtype}, expected floating point")
+        check_finite(tensors[k], f"{path}: tensor {k!r}")
     bilm.load_state_dict({k: tensors[k] for k in own})
     bilm.encoder.clear_cache()
     return {k: v for k, v in tensors.items() if k not in own}
@@ -213,83 +233,22 @@ def default_model_dir() -> Path:
     return d
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ELMO_CACHE", Path.home() / ".cache" / "elmo"))
-
-
-def _offline() -> bool:
-    return os.environ.get("ELMO_OFFLINE", "") not in ("", "0")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str | Path | None = None,
-                offline: bool | None = None, progress: bool = True) -> Path:
-    """A local path for a file given as a path or an http(s)/file URL.
-
-    URLs are downloaded once into the cache directory (``$ELMO_CACHE`` or ``~/.cache/elmo``),
-    through a temporary file renamed at the end, and checked against ``sha256`` when given; the
-    digest is recorded beside the file and re-checked on each use, so a corrupted cache is caught.
-    With ``offline`` (or ``ELMO_OFFLINE=1``) only the cache is used.
-    """
-    s = str(url_or_path)
-    parsed = urllib.parse.urlparse(s)
-    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and sys.platform == "win32"):
-        p = Path(urllib.request.url2pathname(parsed.path)) if parsed.scheme == "file" else Path(s)
-        if not p.exists():
-            raise ElmoError(f"{p}: file not found")
-        return p
-    if parsed.scheme not in ("http", "https"):
-        raise ElmoError(f"{s}: unsupported URL scheme {parsed.scheme!r}")
-    root = Path(cache) if cache is not None else cache_dir()
-    key = hashlib.sha256(s.encode()).hexdigest()[:16]
-    target = root / f"{key}-{Path(parsed.path).name or 'download'}"
-    digest_file = target.with_name(target.name + ".sha256")
-    if target.exists():
-        recorded = digest_file.read_text().strip() if digest_file.exists() else None
-        want = sha256 or recorded
-        if want is None or _sha256(target) == want:
-            return target
-        if offline or (offline is None and _offline()):
-            raise ElmoError(f"{target}: cached copy of {s} fails its checksum and offline mode is on")
-        target.unlink()
-    if offline or (offline is None and _offline()):
-        raise ElmoError(f"{s}: not in the cache {root} and offline mode is on (ELMO_OFFLINE)")
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        with urllib.request.urlopen(s, timeout=60) as resp, atomic_path(target) as tmp:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            from tqdm.auto import tqdm
-            with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=target.name,
-                                               disable=not progress or not sys.stderr.isatty()) as bar:
-                for chunk in iter(lambda: resp.read(1 << 20), b""):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-            got = _sha256(tmp)
-            if sha256 is not None and got != sha256:
-                raise ElmoError(f"{s}: checksum mismatch (got sha256 {got}, expected {sha256})")
-    except ElmoError:
-        raise
-    except OSError as e:  # URLError, HTTPError, timeouts are all OSErrors
-        raise ElmoError(f"{s}: download failed ({e})") from None
-    digest_file.write_text(got + "\n")
-    return target
-
-
 def resolve_published(name: str) -> tuple[Path, Path]:
-    """Download (or find in the cache) a registry model's options and weights."""
+    """Download (or find in the cache) a registry model's options and weights. Without a pinned
+    digest, the weights are cached only once every dataset the options ask for has been read."""
     name = ALIASES.get(name, name)
     if name not in REGISTRY:
         raise ElmoError(f"unknown model {name!r}; published models: {', '.join(REGISTRY)}")
     entry = REGISTRY[name]
-    return (cached_path(entry["options"], entry["options_sha256"]),
-            cached_path(entry["weights"], entry["weights_sha256"]))
+    options = cached_path(entry["options"], entry["options_sha256"],
+                          verify=lambda p: ElmoConfig.from_json_file(p) and None)
+    config = ElmoConfig.from_json_file(options)
+
+    def verify_weights(path: Path) -> None:
+        from .bilm import BiLM   # bilm imports this module
+        load_published_weights(BiLM(config), path)
+
+    return options, cached_path(entry["weights"], entry["weights_sha256"], verify=verify_weights)
 
 
 def find_published_files(model_dir: Path) -> tuple[Path, Path] | None:

@@ -157,11 +157,14 @@ def start(model: BiLM, batch_size: int | None, max_tokens_per_batch: int | None,
 
 def iter_embed_indexed(model: BiLM, items: Iterable[Item], layers: str, pool: str | None,
                        batching: Batching, on_batch: OnBatch | None = None,
-                       on_blank: OnBlank | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                       on_blank: OnBlank | None = None,
+                       in_order: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     """The engine: ``(index, tokens)`` pairs in, ``(index, array)`` out, in input order.
 
     ``on_batch(sentences, tokens)`` follows each batch run; ``on_blank(index)`` precedes each
-    empty sentence's zero-length array.
+    empty sentence's zero-length array. ``in_order=False`` gives each batch's arrays back as soon
+    as it is computed (a window's blank lines first), so no window of outputs is ever held: for
+    writers that file results by index. The batches, and so the numbers, are the same.
     """
     check_modes(layers, pool)
     empty = np.zeros(output_shape(model, layers, pool, 0), np.float32)
@@ -193,10 +196,10 @@ def iter_embed_indexed(model: BiLM, items: Iterable[Item], layers: str, pool: st
         window.append(it)
         window_bytes += per_sentence if pool else per_token * len(it[1])
         if len(window) >= batching.window_lines or window_bytes >= batching.window_bytes:
-            yield from _run_window(window, run, batching, empty, on_blank)
+            yield from _run_window(window, run, batching, empty, on_blank, in_order)
             window, window_bytes = [], 0
     if window:
-        yield from _run_window(window, run, batching, empty, on_blank)
+        yield from _run_window(window, run, batching, empty, on_blank, in_order)
 
 
 def _finish_stateful(batch: list[Item], arrays: list[np.ndarray], empty: np.ndarray,
@@ -210,9 +213,19 @@ def _finish_stateful(batch: list[Item], arrays: list[np.ndarray], empty: np.ndar
 
 
 def _run_window(window: list[Item], run: Callable[[list[Item]], list[np.ndarray]],
-                batching: Batching, empty: np.ndarray,
-                on_blank: OnBlank | None) -> Iterator[tuple[int, np.ndarray]]:
+                batching: Batching, empty: np.ndarray, on_blank: OnBlank | None,
+                in_order: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     full = [it for it in window if it[1]]       # blank lines need no batch row
+    if not in_order:
+        for i, toks in window:
+            if not toks:
+                if on_blank is not None:
+                    on_blank(i)
+                yield i, empty
+        for rows in batching.batches([len(toks) for _, toks in full]):
+            batch = [full[r] for r in rows]
+            yield from zip((i for i, _ in batch), run(batch))
+        return
     done: dict[int, np.ndarray] = {}
     for rows in batching.batches([len(toks) for _, toks in full]):
         batch = [full[r] for r in rows]
@@ -253,8 +266,13 @@ def iter_embed(model: BiLM, sentences: Iterable[Sequence[str]], layers: str = "a
     """
     batching = start(model, batch_size, max_tokens_per_batch, window_lines)
 
+    if sentences is None or isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
+        raise ElmoError(f"sentences must be an iterable of token lists, got {type(sentences).__name__}")
+
     def items() -> Iterator[Item]:
         for i, s in enumerate(sentences):
+            if s is None or not hasattr(s, "__iter__"):
+                raise ElmoError(f"sentence {i} is {type(s).__name__}, expected a list of tokens")
             if isinstance(s, str):
                 raise ElmoError(f"sentence {i} is a str, expected a list of tokens (split it first, "
                                 "e.g. line.split())")

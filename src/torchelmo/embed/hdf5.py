@@ -31,13 +31,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..bilm import BiLM
 from ..errors import ElmoError
-from ..fileio import atomic_path
+from ..fileio import GuardedWriter, atomic_path, write_error
+from ..signals import Interrupts
 from ..text import Line, LineReader, count_lines, read_lines
 from .engine import WINDOW_LINES, ElmoWarning, OnBatch, check_modes, iter_embed_indexed, start
 
@@ -100,9 +101,10 @@ class _BlankLines:
                           "above); each got a zero-length dataset", ElmoWarning, stacklevel=3)
 
 
-def _iter_lines(model: BiLM, lines: LineReader, options: EmbedOptions,
-                on_batch: OnBatch | None) -> Iterator[tuple[Line, np.ndarray]]:
-    """Each line read, with its array, in input order; blank lines are warned about."""
+def _iter_lines(model: BiLM, lines: Iterable[Line], options: EmbedOptions, on_batch: OnBatch | None,
+                in_order: bool = True) -> Iterator[tuple[Line, np.ndarray]]:
+    """Each line read, with its array (in input order unless ``in_order=False``: then as each
+    batch is computed); blank lines are warned about."""
     if options.shard is not None and options.shard[1] > 1 and model.stateful:
         raise ElmoError("stateful mode cannot be sharded: each batch's output depends on every "
                         "batch before it")
@@ -116,7 +118,7 @@ def _iter_lines(model: BiLM, lines: LineReader, options: EmbedOptions,
 
     blank = _BlankLines()
     for i, arr in iter_embed_indexed(model, items(), options.layers, options.pool, batching,
-                                     on_batch, blank):
+                                     on_batch, blank, in_order):
         yield pending.pop(i), arr
     blank.finish()
 
@@ -164,8 +166,6 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     no ``sentence_to_index``); a blank or repeated line, or one holding "/", is then an error.
     ``model_name``: recorded as the ``elmo_model`` attribute.
     """
-    import h5py
-
     options = EmbedOptions(layers=layers, pool=pool, batch_size=batch_size, errors=errors, shard=shard,
                            max_tokens_per_batch=max_tokens_per_batch, window_lines=window_lines)
     if keys not in KEY_MODES:
@@ -188,22 +188,33 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
             dt = time.perf_counter() - t0
             bar.set_postfix_str(f"{summary.tokens / max(dt, 1e-9):,.0f} tok/s", refresh=False)
 
+    seen: set[str] = set()
+
+    def read() -> Iterator[Line]:
+        # Names and the index are settled as lines are read, in input order (datasets are
+        # written as batches finish, which is not input order).
+        for line in lines:
+            if keys == "sentence":
+                _check_sentence_key(line, seen)
+            elif sentence_index:
+                index.pop(line.text, None)   # keep keys in index order: a repeat moves to the end
+                index[line.text] = line.index
+            yield line
+
     try:
-        with atomic_path(output_path) as tmp, h5py.File(tmp, "w") as f:
-            for line, arr in _iter_lines(model, lines, options, on_batch):
-                f.create_dataset(_dataset_name(f, line, keys), data=arr, dtype="float32")
+        with Interrupts() as interrupts, atomic_path(output_path) as tmp, _Output(tmp, output_path, interrupts) as out:
+            # Arrays are filed as their batch finishes: no window of outputs is held in memory.
+            for line, arr in _iter_lines(model, read(), options, on_batch, in_order=False):
+                out.write(line.text if keys == "sentence" else str(line.index), arr)
                 summary.sentences += 1
                 if not line.tokens:
                     summary.blank.append(line.index)
                     if bar is not None and not model.stateful:   # stateful batches count their blanks
                         bar.update(1)
-                if sentence_index and keys == "index":
-                    index.pop(line.text, None)   # keep keys in index order: a repeat moves to the end
-                    index[line.text] = line.index
             summary.lines = lines.lines_read
-            _write_index(f, index if sentence_index and keys == "index" else None)
-            _write_attrs(f, options.layers, options.pool, summary.lines, options.shard)
-            _write_model_attrs(f, model_name, json.dumps(model.config.to_options()))
+            summary.blank.sort()
+            out.finish(index if sentence_index and keys == "index" else None, options, summary.lines,
+                       model_name, json.dumps(model.config.to_options()))
     finally:
         if bar is not None:
             bar.close()
@@ -211,17 +222,61 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     return summary
 
 
-def _dataset_name(f, line: Line, keys: str) -> str:
-    if keys == "index":
-        return str(line.index)
+class _Output:
+    """The HDF5 file being written. h5py is only ever called inside ``interrupts.critical()`` (a
+    signal there would be swallowed) and through a :class:`GuardedWriter`: a write error, a full
+    disk above all, becomes a one-line error instead of a crash inside HDF5."""
+
+    def __init__(self, tmp: Path, output_path: Path, interrupts: Interrupts) -> None:
+        self.output_path, self.interrupts = output_path, interrupts
+        self.writer = GuardedWriter(tmp)
+        self.file = None
+
+    def __enter__(self) -> "_Output":
+        import h5py
+        with self.interrupts.critical():
+            self.file = h5py.File(self.writer, "w")
+        self.check()
+        return self
+
+    def check(self) -> None:
+        if self.writer.error is not None:
+            raise write_error(self.output_path, self.writer.error)
+
+    def write(self, name: str, arr: np.ndarray) -> None:
+        with self.interrupts.critical():
+            self.file.create_dataset(name, data=arr, dtype="float32")
+        self.check()
+
+    def finish(self, index: dict[str, int] | None, options: EmbedOptions, n_lines: int,
+               model_name: str | None, options_json: str) -> None:
+        with self.interrupts.critical():
+            _write_index(self.file, index)
+            _write_attrs(self.file, options.layers, options.pool, n_lines, options.shard)
+            _write_model_attrs(self.file, model_name, options_json)
+        self.check()
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            with self.interrupts.critical():
+                if self.file is not None:
+                    self.file.close()
+        finally:
+            self.writer.close()
+        if exc[0] is None:
+            self.check()   # the close flushes: the last chance for a write to fail
+        return False
+
+
+def _check_sentence_key(line: Line, seen: set[str]) -> None:
     # h5py reads "/" as a group separator and "." as the file's root.
     if not line.text or "/" in line.text or line.text == ".":
         raise ElmoError(f"line {line.index + 1}: {'a blank line' if not line.text else repr(line.text)} "
                         "cannot be a dataset name (sentence keys); use line-index keys")
-    if line.text in f:
+    if line.text in seen:
         raise ElmoError(f"line {line.index + 1}: repeats an earlier sentence, which sentence keys "
                         "cannot hold twice; use line-index keys")
-    return line.text
+    seen.add(line.text)
 
 
 def _write_model_attrs(f, name: str | None, options_json: str | None) -> None:

@@ -72,8 +72,12 @@ def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, opt
 def save_checkpoint(ckpt: dict, out_dir: str | Path) -> Path:
     """Write ``out_dir/checkpoint.pt`` atomically: a kill leaves the previous one intact."""
     path = Path(out_dir) / CHECKPOINT_NAME
-    with atomic_path(path) as tmp:
-        torch.save(ckpt, tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(ckpt, tmp)
+    except (OSError, RuntimeError) as e:   # torch reports a full disk as a RuntimeError
+        reason = " ".join(str(e).split())[:160]
+        raise ElmoError(f"{path}: cannot write the checkpoint ({reason}); the previous one is kept") from None
     return path
 
 
@@ -107,9 +111,10 @@ def load_checkpoint(path: str | Path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"(?i)unsupported global:? GLOBAL ([\w.]+)", str(e))
-        what = f" ({found.group(1)})" if found else ""
-        raise ElmoError(f"{path}: refused: holds Python objects{what} beyond tensors and plain data; "
-                        "elmo loads only checkpoints it wrote") from None
+        if found is None:   # not a pickle at all
+            raise ElmoError(f"{path}: cannot read checkpoint (not a torch checkpoint file)") from None
+        raise ElmoError(f"{path}: refused: holds Python objects ({found.group(1)}) beyond tensors and plain "
+                        "data; elmo loads only checkpoints it wrote") from None
     except Exception as e:  # a checkpoint is only ever replaced atomically, so this is a foreign file
         msg = " ".join(str(e).split())[:200]
         raise ElmoError(f"{path}: cannot read checkpoint ({type(e).__name__}: {msg})") from None

@@ -95,6 +95,9 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             base = json.loads(Path(args.config).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise ElmoError(f"{args.config}: cannot read train config ({e})") from None
+        if not isinstance(base, dict):
+            raise ElmoError(f"{args.config}: a train config is a JSON object of options, got a "
+                            f"{type(base).__name__}")
     return {**base, **given}
 
 

@@ -91,6 +91,9 @@ class TrainConfig:
         def bad(msg: str) -> ElmoError:
             return ElmoError(f"train config: {msg}")
 
+        _check_types(self)
+        if Path(self.out_dir).exists() and not Path(self.out_dir).is_dir():
+            raise bad(f"out_dir {self.out_dir} is a file; the run directory must be a directory")
         if not self.train:
             raise bad("no training corpus given")
         if self.softmax not in SOFTMAX_CHOICES:
@@ -165,6 +168,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "train config") -> "TrainConfig":
+        if not isinstance(d, dict):
+            raise ElmoError(f"{source}: expected a JSON object of options, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -173,3 +178,26 @@ class TrainConfig:
             return cls(**d)
         except TypeError as e:
             raise ElmoError(f"{source}: {e}") from None
+
+
+# A field's annotation -> the JSON values it takes. Ints are never bools, floats take ints, and
+# nothing is coerced: "false" is not False, 64.9 is not 64.
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+}
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        kind, _, optional = str(f.type).partition(" | ")
+        if v is None and optional == "None":
+            continue
+        if not _TYPES[kind](v):
+            want = {"int": "an integer", "float": "a finite number", "bool": "true or false",
+                    "str": "a string", "list[str]": "a list of strings"}[kind]
+            raise ElmoError(f"train config: {f.name} must be {want}{' or null' if optional else ''}, got {v!r}")
