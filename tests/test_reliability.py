@@ -245,3 +245,207 @@ def test_train_config_types_and_paths(tmp_path, fixture_corpus, capsys):
     one_line_error(capsys, base + ["--out", afile], "is a file")
     one_line_error(capsys, ["average", ROOT / "src" / "torchelmo" / "default_model", "-o", afile], "is a file")
     assert afile.read_text() == "x"
+
+
+# ------------------------------------------------------------------------------------------------
+# Downloads, from a server on 127.0.0.1.
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def server():
+    """``(base_url, routes)``: ``routes[path] = (status, headers, body)``; a Content-Length
+    header given in ``headers`` is sent as is (a lie, to cut a download short)."""
+    import http.server
+    import threading
+    routes: dict[str, tuple[int, dict, bytes]] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, headers, body = routes.get(self.path, (404, {}, b""))
+            self.send_response(status)
+            headers = {"Content-Length": str(len(body)), **headers}
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", routes
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _cache_files(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_a_cut_off_download_is_never_cached(tmp_path, server):
+    from torchelmo.download import cached_path
+    base, routes = server
+    _, weights = _tiny_published(tmp_path)
+    body = weights.read_bytes()
+    routes["/w.hdf5"] = (200, {"Content-Length": str(len(body))}, body[: len(body) // 2])
+    cache = tmp_path / "cache"
+    with pytest.raises(ElmoError, match=f"cut short: got {len(body) // 2:,} of {len(body):,} bytes"):
+        cached_path(f"{base}/w.hdf5", cache=cache, progress=False)
+    assert _cache_files(cache) == []
+    # Cut at the length the server announces: only the content check can tell.
+    routes["/w.hdf5"] = (200, {}, body[: len(body) // 2])
+    with pytest.raises(ElmoError, match="not a complete HDF5 file"):
+        cached_path(f"{base}/w.hdf5", cache=cache, progress=False)
+    assert _cache_files(cache) == []
+    routes["/w.hdf5"] = (200, {}, body)
+    path = cached_path(f"{base}/w.hdf5", cache=cache, progress=False)
+    assert path.read_bytes() == body and _cache_files(cache) == [path.name, path.name + ".sha256"]
+
+
+def test_cache_entries_are_checked_on_use(tmp_path, server):
+    from torchelmo.download import cached_path
+    base, routes = server
+    _, weights = _tiny_published(tmp_path)
+    body = weights.read_bytes()
+    routes["/w.hdf5"] = (200, {}, body)
+    cache = tmp_path / "cache"
+    path = cached_path(f"{base}/w.hdf5", cache=cache, progress=False)
+    record = path.with_name(path.name + ".sha256")
+    path.write_bytes(body[:100])                      # damaged after caching: fetched again
+    assert cached_path(f"{base}/w.hdf5", cache=cache, progress=False).read_bytes() == body
+    record.unlink()
+    path.write_bytes(body[:100])                      # no record: checked, found bad, fetched again
+    assert cached_path(f"{base}/w.hdf5", cache=cache, progress=False).read_bytes() == body
+    assert record.is_file()
+    with pytest.raises(ElmoError, match="fails its checks and offline mode is on"):
+        path.write_bytes(body[:100])
+        cached_path(f"{base}/w.hdf5", cache=cache, progress=False, offline=True)
+    with pytest.raises(ElmoError, match="checksum mismatch"):
+        cached_path(f"{base}/w.hdf5", sha256="0" * 64, cache=tmp_path / "c2", progress=False)
+    assert _cache_files(tmp_path / "c2") == []
+
+
+@pytest.mark.parametrize("location", ["file:///etc/passwd", "ftp://127.0.0.1/w.hdf5"])
+def test_redirects_to_other_schemes_are_refused(tmp_path, server, location):
+    from torchelmo.download import cached_path
+    base, routes = server
+    routes["/w.hdf5"] = (302, {"Location": location}, b"")
+    with pytest.raises(ElmoError, match="refused a redirect"):
+        cached_path(f"{base}/w.hdf5", cache=tmp_path / "cache", progress=False)
+    assert _cache_files(tmp_path / "cache") == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing: a full disk, a read-only or wrong place, temp files of killed runs.
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (mounting needs root; elsewhere the test is skipped, saying so)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a full disk is simulated with a small tmpfs, which only root can mount")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _lines(path: Path, n: int) -> Path:
+    words = "the quick brown fox jumps over the lazy dog again and again".split()
+    path.write_text("".join(" ".join(words[: 3 + i % 9]) + "\n" for i in range(n)))
+    return path
+
+
+def test_full_disk_in_embed_is_one_line_error_and_leaves_nothing(tmp_path, small_disk, capsys):
+    inp = _lines(tmp_path / "in.txt", 400)   # about 4 MB of --all output from the default model
+    out = small_disk / "out.h5"
+    line = one_line_error(capsys, ["embed", inp, out, "--all", "--quiet"], str(out), "No space left on device")
+    assert "nothing was written" in line
+    assert list(small_disk.iterdir()) == []
+
+
+def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, fixture_corpus, small_disk,
+                                                                    capsys):
+    data, vocab = fixture_corpus
+    train(base_config(tmp_path, data, vocab, max_steps=2, checkpoint_every=1), log=lambda s: None)
+    run = small_disk / "run"
+    shutil.copytree(tmp_path / "run", run, ignore=shutil.ignore_patterns("model", "best", "published"))
+    before = (run / CHECKPOINT_NAME).read_bytes()
+    free = shutil.disk_usage(small_disk).free
+    (small_disk / "filler").write_bytes(b"\0" * (free - 64 * 1024))
+    assert cli_main(["train", "--out", str(run), "--resume", "--max-steps", "4", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()   # the run's log lines, then the error
+    assert "Traceback" not in "".join(err)
+    assert err[-1].startswith(f"elmo train: error: {run / CHECKPOINT_NAME}: cannot write the checkpoint")
+    assert "No space left on device" in err[-1]
+    assert (run / CHECKPOINT_NAME).read_bytes() == before
+    assert [p.name for p in run.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_read_only_place_and_directory_output_fail_before_any_work(tmp_path, small_disk, capsys, monkeypatch):
+    import torchelmo.embed.engine as engine
+    inp = _lines(tmp_path / "in.txt", 5)
+    monkeypatch.setattr(engine, "embed_batch", lambda *a, **k: pytest.fail("embedded before checking OUTPUT"))
+    one_line_error(capsys, ["embed", inp, tmp_path, "--top", "--quiet"], str(tmp_path), "is a directory")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    one_line_error(capsys, ["embed", inp, small_disk / "o.h5", "--top", "--quiet"], "Read-only file system")
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_later_runs_remove_stale_temp_files_of_their_own_naming(tmp_path):
+    from torchelmo.embed import embed_file
+    from torchelmo.fileio import _host
+    from torchelmo.train.checkpoint import save_checkpoint
+    out = tmp_path / "out.h5"
+    dead = tmp_path / f".out.h5.{_host()}.{_dead_pid()}.abc123.tmp"
+    live = tmp_path / f".out.h5.{_host()}.{os.getpid()}.abc123.tmp"
+    other_host = tmp_path / f".out.h5.elsewhere.{_dead_pid()}.abc123.tmp"
+    legacy_old, legacy_new = tmp_path / ".out.h5.k2j4h5g6.tmp", tmp_path / ".out.h5.a1b2c3d4.tmp"
+    unrelated = tmp_path / ".other.h5.k2j4h5g6.tmp"
+    for p in (dead, live, other_host, legacy_old, legacy_new, unrelated):
+        p.write_bytes(b"x" * 100)
+    os.utime(legacy_old, (time.time() - 7200, time.time() - 7200))
+    os.utime(unrelated, (time.time() - 7200, time.time() - 7200))
+    from torchelmo import BiLM
+    embed_file(BiLM.from_pretrained("default"), _lines(tmp_path / "in.txt", 3), out, "top")
+    left = {p.name for p in tmp_path.iterdir()}
+    assert dead.name not in left and legacy_old.name not in left
+    assert {live.name, other_host.name, legacy_new.name, unrelated.name, "out.h5"} <= left
+    stale_ckpt = tmp_path / f".{CHECKPOINT_NAME}.{_host()}.{_dead_pid()}.zz.tmp"
+    stale_ckpt.write_bytes(b"x")
+    save_checkpoint({"x": torch.zeros(1)}, tmp_path)
+    assert not stale_ckpt.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Signals: real ones, at moments spread over an embed's writing.
+# ------------------------------------------------------------------------------------------------
+def test_ctrl_c_and_sigterm_in_embed_always_end_interrupted(tmp_path):
+    inp = _lines(tmp_path / "in.txt", 6000)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cases = [(signal.SIGINT, 0.0), (signal.SIGINT, 0.15), (signal.SIGINT, 0.4), (signal.SIGTERM, 0.25)]
+    for sig, delay in cases:
+        out = tmp_path / f"out-{sig}-{delay}.h5"
+        proc = subprocess.Popen([sys.executable, "-m", "torchelmo.cli", "embed", str(inp), str(out), "--all",
+                                 "--quiet", "--threads", "1", "--batch-size", "16"],
+                                env=env, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith(f".{out.name}.") for p in tmp_path.iterdir()):   # writing began
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+        assert proc.returncode == 130, (sig, delay, proc.returncode, err)
+        assert err.strip().splitlines()[-1] == "elmo embed: interrupted", err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert not out.exists()
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -71,12 +71,15 @@ def check_content(path: Path, source: str) -> None:
 
 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        scheme = urllib.parse.urlparse(newurl).scheme.lower()
+    def http_error_302(self, req, fp, code, msg, headers):
+        target = urllib.parse.urljoin(req.full_url, headers.get("Location") or headers.get("URI") or "")
+        scheme = urllib.parse.urlparse(target).scheme.lower()
         if scheme not in ("http", "https"):
-            raise ElmoError(f"{req.full_url}: refused a redirect to {scheme or 'a relative'} URL {newurl!r} "
-                            "(only http and https are followed)")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+            raise ElmoError(f"{req.full_url}: refused a redirect to {target!r} (only http and https "
+                            "are followed)")
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 def _fetch(url: str, tmp: Path, name: str, progress: bool) -> None:

@@ -67,7 +67,7 @@ def write_error(path: str | Path, e: OSError, what: str = "cannot write") -> Elm
     reason = e.strerror or str(e)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += "; nothing was written"
-    return ElmoError(f"{path}: {what} ({reason})")
+    return ElmoError(f"{path}: {what}: {reason}")
 
 
 @contextlib.contextmanager

@@ -174,6 +174,7 @@ def export_published(bilm, out_dir: str | Path, name: str = "elmo") -> tuple[Pat
 # ------------------------------------------------------------------------------------------------
 def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None,
                 extra_config: dict | None = None) -> Path:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -181,8 +182,11 @@ def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor
     tensors = {k: v.detach().cpu().contiguous() for k, v in bilm.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = v.detach().cpu().contiguous()
-    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "elmo-native-1"})
+    try:
+        with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "elmo-native-1"})
+    except (SafetensorError, OSError) as e:   # a full disk, above all
+        raise ElmoError(f"{out_dir / WEIGHTS_NAME}: cannot write ({' '.join(str(e).split())[:160]})") from None
     with atomic_path(out_dir / CONFIG_NAME) as tmp:
         bilm.config.to_json_file(tmp)
     if extra_config:

@@ -30,7 +30,7 @@ import torch
 
 from ..config import ElmoConfig
 from ..errors import ElmoError
-from ..fileio import atomic_path
+from ..fileio import GuardedWriter, atomic_path, write_error
 from ..lm import LanguageModel
 from ..vocab import Vocabulary
 from .config import RESUME_OVERRIDABLE, TrainConfig
@@ -72,12 +72,18 @@ def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, opt
 def save_checkpoint(ckpt: dict, out_dir: str | Path) -> Path:
     """Write ``out_dir/checkpoint.pt`` atomically: a kill leaves the previous one intact."""
     path = Path(out_dir) / CHECKPOINT_NAME
-    try:
-        with atomic_path(path) as tmp:
-            torch.save(ckpt, tmp)
-    except (OSError, RuntimeError) as e:   # torch reports a full disk as a RuntimeError
-        reason = " ".join(str(e).split())[:160]
-        raise ElmoError(f"{path}: cannot write the checkpoint ({reason}); the previous one is kept") from None
+    with atomic_path(path) as tmp:
+        # Through a GuardedWriter: torch reports a failed write without its cause.
+        out = GuardedWriter(tmp)
+        try:
+            torch.save(ckpt, out)
+        except RuntimeError as e:
+            if out.error is None:
+                raise ElmoError(f"{path}: cannot write the checkpoint ({' '.join(str(e).split())[:160]})") from None
+        finally:
+            out.close()
+        if out.error is not None:
+            raise write_error(path, out.error, "cannot write the checkpoint, the previous one is kept")
     return path
 
 
