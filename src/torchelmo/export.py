@@ -235,12 +235,15 @@ def max_difference(bilm: BiLM, path: str | Path, fmt: str | None = None,
                    sentences: list[list[str]] | None = None) -> float:
     """Largest absolute difference between an exported file's layers and the eager model's."""
     ids = batch_to_ids(sentences or CHECK_SENTENCES)
-    was_training = bilm.training
+    # The export computes in float32: compare with the eager model in fp32, then restore it.
+    was_training, precision = bilm.training, bilm.precision
     try:
+        bilm.precision = "fp32"
         with torch.no_grad():
             ref = bilm.eval()(ids.to(bilm.device))
     finally:
         bilm.train(was_training)
+        bilm.precision = precision
     layers, mask = run_exported(path, ids, fmt)
     if not torch.equal(mask, ref.mask.cpu()):
         return float("inf")
