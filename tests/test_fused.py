@@ -4,8 +4,10 @@ Without a GPU the kernels run under Triton's interpreter (set before the kernels
 tiny shapes; with CUDA they are compiled and also checked on the GPU.
 """
 
+import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,3 +135,19 @@ def test_default_model_on_cuda_fused_equals_cpu():
             got = model(ids.cuda()).layers
             for a, b in zip(got, ref):
                 assert (a.float().cpu() - b).abs().max().item() < tol, precision
+
+
+def test_training_through_fused_path_follows_the_same_losses(monkeypatch, tmp_path, fixture_corpus):
+    from torchelmo.train import TrainConfig, train
+    data, vocab = fixture_corpus
+    losses = []
+    for fused in ("0", "1"):
+        monkeypatch.setenv("TORCHELMO_FUSED", fused)
+        cfg = TrainConfig(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / fused), model="tiny",
+                          batch_size=4, unroll=5, max_steps=3, log_every=1, eval_every=1000,
+                          checkpoint_every=1000, threads=1, progress=False, dropout=0.0)
+        train(cfg, log=lambda s: None)
+        rows = [json.loads(x) for x in (tmp_path / fused / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in rows if "loss" in r])
+    assert len(losses[0]) == 3
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)

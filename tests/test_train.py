@@ -274,3 +274,19 @@ def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypa
     assert calls == [out / CHECKPOINT_NAME]
     assert json.loads((out / "train_config.json").read_text())["max_steps"] == 4
     assert torch.load(out / CHECKPOINT_NAME, weights_only=False)["step"] == 4
+
+
+def test_precision_option(tmp_path, fixture_corpus):
+    data, vocab = fixture_corpus
+    assert base_config(tmp_path / "a", data, vocab, bf16=True).precision == "bf16"   # the older spelling
+    with pytest.raises(ElmoError, match="precision must be fp32, tf32, bf16, got 'fp16'"):
+        base_config(tmp_path / "b", data, vocab, precision="fp16")
+    with pytest.raises(ElmoError, match="bf16 .* contradicts precision tf32"):
+        base_config(tmp_path / "c", data, vocab, bf16=True, precision="tf32")
+    # On CPU, tf32 computes in fp32: the same losses as fp32, bit for bit.
+    losses = []
+    for p in ("fp32", "tf32"):
+        train(base_config(tmp_path / p, data, vocab, precision=p), log=lambda s: None)
+        rows = (tmp_path / p / "run" / "metrics.jsonl").read_text().splitlines()
+        losses.append([json.loads(x)["loss"] for x in rows if "loss" in json.loads(x)])
+    assert losses[0] == losses[1] and losses[0]

@@ -20,6 +20,7 @@ from ..data import SentenceBatcher, StreamBatcher
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..lm import LanguageModel
+from ..precision import precision_context
 from ..runtime import set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
@@ -92,6 +93,7 @@ class Trainer:
             self.lm = build_lm(cfg, self.vocab, self.log)
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
+        self.lm.bilm.precision = cfg.precision
         self.optimizer = make_optimizer(cfg, self.lm.parameters())
         self.batcher = make_batcher(cfg, self.vocab, self.env)
         self.state = None            # carried LSTM state (stream batching)
@@ -170,7 +172,6 @@ class Trainer:
         n_global = sum(b.global_targets for b in micro)
         local = torch.zeros(2, dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
         for i, b in enumerate(micro):
             b = b.to(self.device)
             if cfg.state_reset > 0 and self.state is not None:
@@ -178,7 +179,7 @@ class Trainer:
             sampler = torch.Generator().manual_seed(micro_seed(cfg.seed * 1_000_003, self.step, i))
             sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
             with sync:
-                with autocast:
+                with precision_context(cfg.precision, self.device):
                     sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler)
                 loss = 0.5 * sums.float().sum() * (env.world_size / n_global)
                 loss.backward()
