@@ -14,7 +14,8 @@ from torchelmo.cli import build_parser, main
 from torchelmo.runtime import bar_safe_output, resolve_device, set_threads
 
 # The commands that run the model, each with the arguments it needs to get as far as the device.
-MODEL_COMMANDS = ["embed", "perplexity", "train", "probe pos", "probe wsd", "probe ner", "probe all"]
+MODEL_COMMANDS = ["embed", "perplexity", "train", "probe pos", "probe wsd", "probe ner", "probe all",
+                  "export"]
 
 
 def _subparsers(parser):
@@ -99,10 +100,11 @@ def _argv(command, tmp, corpus):
                   "--model", "tiny", "--max-steps", "1"],
         "probe pos": ["probe", "pos", "--model", "default", "--out", str(tmp / "p"), "--train", "x",
                       "--dev", "x", "--test", "x"],
+        "export": ["export", "default", str(tmp / "run" / "m.onnx")],
     }[command]
 
 
-@pytest.mark.parametrize("command", ["embed", "perplexity", "train", "probe pos"])
+@pytest.mark.parametrize("command", ["embed", "perplexity", "train", "probe pos", "export"])
 @pytest.mark.parametrize("flags, message", [
     (["--device", "foo"], "--device: unknown device 'foo'"),
     (["--device", "cuda"], "--device cuda: CUDA is not available"),
