@@ -26,7 +26,7 @@ import torch.nn as nn
 from . import hub, weights
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
-from .encoder import CharCNNEncoder
+from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer
 from .precision import check_precision, precision_context
@@ -233,7 +233,9 @@ class BiLM(nn.Module):
 
     # -- public API ------------------------------------------------------------------------------
     def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
-        """Parameters: ``char_ids (B, T, 50)`` from :func:`torchelmo.batch_to_ids` (no ``<S>``/``</S>``).
+        """Parameters: ``char_ids (B, T, 50)`` from :func:`torchelmo.batch_to_ids` (no ``<S>``/``</S>``),
+        on the model's device or on the host (then, for a GPU model, the distinct tokens are
+        found on the host and only they are copied: no device sort, no synchronisation).
 
         Returns :class:`BiLMOutput` with layers ``(B, T, 2P)`` (``T + 2`` with the boundaries kept).
         """
@@ -244,15 +246,20 @@ class BiLM(nn.Module):
         if B == 0:
             raise ElmoError("BiLM: empty batch (no sentences)")
         _check_char_ids(char_ids, self.config.n_characters)
-        device = char_ids.device
+        device = self.device
         mask = char_ids[..., 0] > 0
         lengths = mask.sum(1)
         ids = add_sentence_boundaries(char_ids, lengths)
+        plan = None
+        if char_ids.device.type == "cpu" and device.type != "cpu":
+            # Host ids for a GPU model: distinct tokens found here, only they are copied over.
+            plan = plan_tokens(ids).to(device)
+            mask, lengths = mask.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 
         with precision_context(self.precision, device):
-            e = self.encoder(ids).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
+            e = self.encoder(ids, plan).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
             x = torch.stack([e, reverse_padded(e, full_len)])       # (2, B, T+2, P)
             init = self._initial_state(B, e) if self.stateful else None
             outs, final = self.run_stacks(x, full_len, init)

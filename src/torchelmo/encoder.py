@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -10,6 +13,40 @@ from .chars import PAD_CHAR
 from .config import ElmoConfig
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
+
+
+class TokenPlan(NamedTuple):
+    """The distinct tokens of a batch: ``unique (U, 50)`` in ascending order of character length,
+    ``inverse`` (the batch's shape) indexing it, and ``groups``, the ``(length, count)`` runs."""
+
+    unique: torch.Tensor
+    inverse: torch.Tensor
+    groups: list[tuple[int, int]]
+
+    def to(self, device: torch.device) -> TokenPlan:
+        """Copied without blocking the host (from pinned memory, for a CUDA device)."""
+        if device.type != "cuda":
+            return TokenPlan(self.unique.to(device), self.inverse.to(device), self.groups)
+        return TokenPlan(self.unique.pin_memory().to(device, non_blocking=True),
+                         self.inverse.pin_memory().to(device, non_blocking=True), self.groups)
+
+
+def plan_tokens(char_ids: torch.Tensor) -> TokenPlan:
+    """Find the distinct rows of host char ids ``(..., 50)`` with numpy: on a GPU, sorting
+    a few thousand 100-byte rows on the host is cheaper than the device sorts it replaces."""
+    shape, C = char_ids.shape[:-1], char_ids.shape[-1]
+    rows = np.ascontiguousarray(char_ids.reshape(-1, C).numpy())
+    nonpad = rows != PAD_ID
+    lengths = np.where(nonpad.any(1), C - np.argmax(nonpad[:, ::-1], axis=1), 0)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * C))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(lengths[first], kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    runs, counts = np.unique(lengths[first][order], return_counts=True)
+    return TokenPlan(torch.from_numpy(rows[first[order]]),
+                     torch.from_numpy(rank[inverse.ravel()].reshape(shape)),
+                     list(zip(runs.tolist(), counts.tolist())))
 
 
 class Highway(nn.Module):
@@ -49,9 +86,11 @@ class CharCNNEncoder(nn.Module):
         self._cache: dict[tuple[int, ...], int] | None = None
         self._cache_table: torch.Tensor | None = None
 
-    def encode_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """``(N, 50)`` -> ``(N, P)``, no deduplication, no cache."""
-        h = self._act(self._conv_max(ids))                    # (N, n_filters)
+    def encode_tokens(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
+        """``(N, 50)`` -> ``(N, P)``, no deduplication, no cache. ``groups``: when the rows are
+        already in ascending order of character length, its ``(length, count)`` runs (see
+        :func:`plan_tokens`), which spares the device a sort and a synchronisation."""
+        h = self._act(self._conv_max(ids, groups))            # (N, n_filters)
         for hw in self.highways:
             h = hw(h)
         return self.proj(h)
@@ -61,7 +100,7 @@ class CharCNNEncoder(nn.Module):
         x = self.char_embed(ids).transpose(1, 2)             # (N, E, 50)
         return self._act(torch.cat([conv(x).amax(dim=-1) for conv in self.convs], dim=-1))
 
-    def _conv_max(self, ids: torch.Tensor) -> torch.Tensor:
+    def _conv_max(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
         """Max over positions of every filter's valid cross-correlation, before the activation.
 
         The same windows as :meth:`conv_reference`, computed with less work:
@@ -87,20 +126,22 @@ class CharCNNEncoder(nn.Module):
         pad_emb = self.char_embed(pad_id.view(1))                       # (1, E)
         pad_value = torch.addmm(bias, pad_emb.repeat(1, w_max), weight)[0]
 
-        # Length = one past the last non-padding character.
-        nonpad = ids != PAD_ID
-        pos = torch.arange(1, C + 1, device=ids.device)
-        lengths = (nonpad * pos).amax(dim=1)                            # (N,)
-        order = torch.argsort(lengths)
-        sorted_len = lengths[order]
-        emb = self.char_embed(ids[order])                               # (N, C, E)
+        order = None
+        if groups is None:
+            # Length = one past the last non-padding character.
+            pos = torch.arange(1, C + 1, device=ids.device)
+            lengths = ((ids != PAD_ID) * pos).amax(dim=1)              # (N,)
+            order = torch.argsort(lengths)
+            ids = ids[order]
+            bounds = torch.unique_consecutive(lengths[order], return_counts=True)
+            groups = list(zip(bounds[0].tolist(), bounds[1].tolist()))
+        emb = self.char_embed(ids)                                      # (N, C, E)
         # Extend past the end so every start position has a full w_max window; windows that
         # reach past C are invalid for the wider filters and masked below.
         emb = torch.cat([emb, pad_emb.expand(N, w_max - 1, E)], dim=1)
         out = emb.new_empty(N, F_total)
-        bounds = torch.unique_consecutive(sorted_len, return_counts=True)
         start = 0
-        for L, count in zip(bounds[0].tolist(), bounds[1].tolist()):
+        for L, count in groups:
             stop = start + count
             n_pos = max(1, min(L, C - min(widths) + 1))
             win = emb[start:stop, : n_pos + w_max - 1].unfold(1, w_max, 1)  # (n, n_pos, E, w_max)
@@ -117,20 +158,29 @@ class CharCNNEncoder(nn.Module):
             has_pad = (L + width_of) <= C
             out[start:stop] = torch.where(has_pad, torch.maximum(m, pad_value), m)
             start = stop
+        if order is None:
+            return out
         result = torch.empty_like(out)
         result[order] = out
         return result
 
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros."""
+    def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None) -> torch.Tensor:
+        """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros.
+
+        ``plan``: the batch's distinct tokens found on the host (:func:`plan_tokens`), already on
+        this module's device; ``char_ids`` may then stay on the host."""
         B, T, C = char_ids.shape
-        flat = char_ids.reshape(-1, C)
-        if flat.shape[0] == 0:
+        if B * T == 0:
             return self.proj.weight.new_zeros(B, T, self.config.projection_dim)
-        uniq, inverse = torch.unique(flat, dim=0, return_inverse=True)
-        emb = self._encode_unique(uniq)
+        if plan is None:
+            uniq, inverse = torch.unique(char_ids.reshape(-1, C), dim=0, return_inverse=True)
+            emb = self._encode_unique(uniq)
+        else:
+            uniq, inverse = plan.unique, plan.inverse
+            emb = self._encode_unique(uniq, plan.groups)
         out = emb[inverse].view(B, T, -1)
-        return out * (char_ids[..., 0] > 0).unsqueeze(-1).to(out.dtype)
+        mask = (char_ids[..., 0] > 0).to(out.device, non_blocking=True)
+        return out * mask.unsqueeze(-1).to(out.dtype)
 
     # -- token-embedding cache ---------------------------------------------------------------------
     def _cache_usable(self) -> bool:
@@ -138,9 +188,9 @@ class CharCNNEncoder(nn.Module):
         return self._cache is not None and not (
             torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
 
-    def _encode_unique(self, uniq: torch.Tensor) -> torch.Tensor:
+    def _encode_unique(self, uniq: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
         if not self._cache_usable():
-            return self.encode_tokens(uniq)
+            return self.encode_tokens(uniq, groups)
         assert self._cache is not None and self._cache_table is not None
         rows = [self._cache.get(tuple(r)) for r in uniq.tolist()]
         hit = [i for i, r in enumerate(rows) if r is not None]

@@ -85,7 +85,7 @@ def embed_batch(model: BiLM, sentences: Sequence[Sequence[str]], layers: str,
     tokens: ``(L, n_b, 2P)`` or ``(n_b, 2P)``; pooled ``(L, 2P)`` or ``(2P,)``.
     """
     check_modes(layers, pool)
-    ids = batch_to_ids(sentences).to(model.device)              # (B, T, 50)
+    ids = batch_to_ids(sentences)   # (B, T, 50) on the host: a GPU model copies only distinct tokens
     out = model(ids)
     reps = [t.float() for t in out.layers]                      # mix and pool in float32
     if layers == "all":
