@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import base_config
 
 from torchelmo.cli import main as cli_main
 from torchelmo.errors import ElmoError
 from torchelmo.train import CHECKPOINT_NAME, train
-
-from conftest import base_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,6 +173,7 @@ def _tiny_published(tmp_path):
 def test_damaged_published_weights_are_one_line_errors(tmp_path, damage, msg):
     import h5py
     import numpy as np
+
     from torchelmo import BiLM
     options, weights = _tiny_published(tmp_path)
     if damage == "truncated":
@@ -198,6 +198,7 @@ def test_damaged_published_weights_are_one_line_errors(tmp_path, damage, msg):
 
 def test_non_finite_native_weights_name_the_tensor(tmp_path):
     from safetensors.torch import load_file, save_file
+
     from torchelmo import BiLM, preset
     BiLM(preset("tiny")).save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")

@@ -1,6 +1,7 @@
 """The batching engine and the Python API: tokenised sentences in, one float32 array each out.
 
-Stateless (the default), a sentence's vectors do not depend on its batch mates, so the input is
+Stateless (the default), a sentence's vectors do not depend on its batch mates (up to float32
+rounding, about 3e-6: the batch shape changes the order of additions), so the input is
 read in windows, each window's sentences are sorted by length and cut into batches of similar
 lengths (little padding, large batches), and the results are given back in input order. Memory
 stays flat: a window is at most ``window_lines`` sentences and about ``window_bytes`` of output.

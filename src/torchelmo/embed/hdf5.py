@@ -37,10 +37,18 @@ import numpy as np
 
 from ..bilm import BiLM
 from ..errors import ElmoError
-from ..fileio import GuardedWriter, atomic_path, write_error
+from ..fileio import atomic_path
 from ..signals import Interrupts
 from ..text import Line, LineReader, count_lines, read_lines
-from .engine import WINDOW_LINES, ElmoWarning, OnBatch, check_modes, iter_embed_indexed, start
+from .engine import (
+    WINDOW_LINES,
+    ElmoWarning,
+    OnBatch,
+    check_modes,
+    iter_embed_indexed,
+    start,
+)
+from .writer import GuardedH5, fix_heap_threshold
 
 # h5py and tqdm are imported where used: `import torchelmo.embed` (and `elmo --help`) stays light.
 
@@ -176,6 +184,7 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     if str(input_path) != "-" and Path(input_path).resolve() == output_path.resolve():
         raise ElmoError(f"{output_path}: output would overwrite the input")
     lines = options.lines(input_path)
+    fix_heap_threshold()
     t0 = time.perf_counter()
     bar = _progress_bar(input_path, options.shard) if progress else None
     summary = EmbedSummary(output_path, 0, 0, 0)
@@ -202,7 +211,7 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
             yield line
 
     try:
-        with Interrupts() as interrupts, atomic_path(output_path) as tmp, _Output(tmp, output_path, interrupts) as out:
+        with Interrupts() as interrupts, atomic_path(output_path) as tmp, GuardedH5(tmp, output_path, interrupts) as out:
             # Arrays are filed as their batch finishes: no window of outputs is held in memory.
             for line, arr in _iter_lines(model, read(), options, on_batch, in_order=False):
                 out.write(line.text if keys == "sentence" else str(line.index), arr)
@@ -213,59 +222,15 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
                         bar.update(1)
             summary.lines = lines.lines_read
             summary.blank.sort()
-            out.finish(index if sentence_index and keys == "index" else None, options, summary.lines,
-                       model_name, json.dumps(model.config.to_options()))
+            options_json = json.dumps(model.config.to_options())
+            out.run(lambda f: (_write_index(f, index if sentence_index and keys == "index" else None),
+                               _write_attrs(f, options.layers, options.pool, summary.lines, options.shard),
+                               _write_model_attrs(f, model_name, options_json)))
     finally:
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - t0
     return summary
-
-
-class _Output:
-    """The HDF5 file being written. h5py is only ever called inside ``interrupts.critical()`` (a
-    signal there would be swallowed) and through a :class:`GuardedWriter`: a write error, a full
-    disk above all, becomes a one-line error instead of a crash inside HDF5."""
-
-    def __init__(self, tmp: Path, output_path: Path, interrupts: Interrupts) -> None:
-        self.output_path, self.interrupts = output_path, interrupts
-        self.writer = GuardedWriter(tmp)
-        self.file = None
-
-    def __enter__(self) -> "_Output":
-        import h5py
-        with self.interrupts.critical():
-            self.file = h5py.File(self.writer, "w")
-        self.check()
-        return self
-
-    def check(self) -> None:
-        if self.writer.error is not None:
-            raise write_error(self.output_path, self.writer.error)
-
-    def write(self, name: str, arr: np.ndarray) -> None:
-        with self.interrupts.critical():
-            self.file.create_dataset(name, data=arr, dtype="float32")
-        self.check()
-
-    def finish(self, index: dict[str, int] | None, options: EmbedOptions, n_lines: int,
-               model_name: str | None, options_json: str) -> None:
-        with self.interrupts.critical():
-            _write_index(self.file, index)
-            _write_attrs(self.file, options.layers, options.pool, n_lines, options.shard)
-            _write_model_attrs(self.file, model_name, options_json)
-        self.check()
-
-    def __exit__(self, *exc) -> bool:
-        try:
-            with self.interrupts.critical():
-                if self.file is not None:
-                    self.file.close()
-        finally:
-            self.writer.close()
-        if exc[0] is None:
-            self.check()   # the close flushes: the last chance for a write to fail
-        return False
 
 
 def _check_sentence_key(line: Line, seen: set[str]) -> None:
@@ -410,7 +375,8 @@ def merge_shards(shard_paths: Sequence[str | Path], output_path: str | Path, *,
 
     Checks that the shards are k = 0 .. n-1 of one run (same n, line count, layers and pooling)
     and together hold every line exactly once. Datasets are copied in index order, so the result
-    equals the file an unsharded run writes. ``link=True`` writes a small index file instead:
+    holds what an unsharded run writes, equal to float32 rounding (each shard batches its lines
+    with other batch mates). ``link=True`` writes a small index file instead:
     an external link per dataset (plain h5py follows them; the shard files must stay beside it)
     plus the merged ``sentence_to_index``.
     """

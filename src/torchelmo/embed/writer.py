@@ -1,0 +1,74 @@
+"""The HDF5 file `elmo embed` writes, guarded: no crash on a failed write, no lost signal."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..fileio import GuardedWriter, write_error
+from ..signals import Interrupts
+
+M_TRIM_THRESHOLD = -1            # glibc's mallopt parameter
+
+
+def fix_heap_threshold() -> None:
+    """Keep glibc's heap from growing with the input (Linux; a no-op elsewhere).
+
+    glibc raises its mmap threshold each time a large block is freed, after which the batches'
+    temporaries are carved from the heap, whose free space it then rarely gives back: peak memory
+    crept up run after run of windows. A fixed trim threshold (which also fixes the mmap
+    threshold) keeps it flat. Process-wide, and harmless to other code."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):   # not glibc
+        pass
+
+
+class GuardedH5:
+    """The HDF5 file being written. h5py is only ever called inside ``interrupts.critical()`` (a
+    signal there would be swallowed) and through a :class:`GuardedWriter`: a write error, a full
+    disk above all, becomes a one-line error instead of a crash inside HDF5."""
+
+    def __init__(self, tmp: Path, output_path: Path, interrupts: Interrupts) -> None:
+        self.output_path, self.interrupts = output_path, interrupts
+        self.writer = GuardedWriter(tmp)
+        self.file = None
+
+    def __enter__(self) -> "GuardedH5":
+        import h5py
+        with self.interrupts.critical():
+            self.file = h5py.File(self.writer, "w")
+        self.check()
+        return self
+
+    def check(self) -> None:
+        if self.writer.error is not None:
+            raise write_error(self.output_path, self.writer.error)
+
+    def write(self, name: str, arr: np.ndarray) -> None:
+        with self.interrupts.critical():
+            self.file.create_dataset(name, data=arr, dtype="float32")
+        self.check()
+
+    def run(self, write: Callable[[Any], object]) -> None:
+        """``write(file)``: any other h5py writes (the index, attributes)."""
+        with self.interrupts.critical():
+            write(self.file)
+        self.check()
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            with self.interrupts.critical():
+                if self.file is not None:
+                    self.file.close()
+        finally:
+            self.writer.close()
+        if exc[0] is None:
+            self.check()   # the close flushes: the last chance for a write to fail
+        return False
