@@ -12,8 +12,8 @@
 
 The factory is registered through the ``spacy_factories`` entry point, so ``add_pipe("elmo")``
 works without importing this module. ``nlp.pipe`` runs up to ``batch_size`` docs per biLM batch,
-similar lengths together; every doc starts from the zero state, so its vectors never depend on
-its batch mates.
+similar lengths together; every doc starts from the zero state, so its vectors do not depend on
+its batch mates (up to float32 rounding, about 3e-6).
 Config: ``model`` (anything :meth:`BiLM.from_pretrained` takes), ``layers`` (indices, 0 = the
 token layer; default all), ``scalar_mix_parameters`` (one per chosen layer, softmax-normalised as
 in :class:`~torchelmo.ScalarMix`; default equal weights), ``gamma``, ``batch_size``, ``device``

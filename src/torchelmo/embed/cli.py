@@ -64,7 +64,7 @@ def add_subcommand(sub) -> None:
 
     m = sub.add_parser("embed-merge", help="join `elmo embed --shard` outputs into one file",
                        description="Join the shard files of one `elmo embed --shard K/N` run into "
-                       "OUTPUT, equal to the file an unsharded run writes.")
+                       "OUTPUT, the datasets an unsharded run writes (equal to float32 rounding).")
     m.add_argument("output", help="the joined HDF5 file to write")
     m.add_argument("shards", nargs="+", help="the N shard files, in any order")
     m.add_argument("--link", action="store_true",
