@@ -8,8 +8,9 @@ Layers returned for each token t (P = projection size)::
 Each sentence is wrapped in ``<S> ... </S>`` before the LSTMs (as the published models were
 trained); those two positions are removed from the output unless asked for.
 
-State: by default every sentence starts from the zero state, so a sentence's output never
-depends on its batch mates or on what ran before. ``stateful=True`` reproduces the original
+State: by default every sentence starts from the zero state, so a sentence's output does not
+depend on its batch mates or on what ran before (up to float32 rounding, about 3e-6: the batch
+shape changes the order of additions). ``stateful=True`` reproduces the original
 implementations exactly: the final ``(c, h)`` of batch row r is the initial state of row r in
 the next batch (rows beyond the stored ones start from zero); :meth:`reset_states` forgets it.
 """
