@@ -29,7 +29,7 @@ from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
-from .lstm import BiLstmLayer
+from .lstm import BiLstmLayer, use_fused
 from .precision import check_precision, precision_context
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
@@ -199,12 +199,25 @@ class BiLM(nn.Module):
         if state is None:
             state = self.zero_state(B, x)
         cfg = self.config
-        # Sort rows by length once; each step then works on a shrinking prefix of the batch.
-        order = torch.argsort(lengths, descending=True, stable=True)
-        sorted_lengths = lengths[order].tolist()
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(B, device=order.device)
-        h_in = x[:, order]
+        if use_fused(x.device):
+            # The fused kernels mask finished rows themselves: no sort, and the lengths stay on
+            # the device (no synchronisation).
+            def rows(t: torch.Tensor) -> torch.Tensor:
+                return t
+            unsort, run_lengths = rows, lengths
+        else:
+            # Sort rows by length once; each step then works on a shrinking prefix of the batch.
+            order = torch.argsort(lengths, descending=True, stable=True)
+            inv = torch.empty_like(order)
+            inv[order] = torch.arange(B, device=order.device)
+            run_lengths = lengths[order].tolist()
+
+            def rows(t: torch.Tensor) -> torch.Tensor:
+                return t[:, order]
+
+            def unsort(t: torch.Tensor) -> torch.Tensor:
+                return t[:, inv]
+        h_in = rows(x)
         outs, final = [], []
         for k, layer in enumerate(self.layers):
             if self.training and self.dropout > 0:
@@ -213,14 +226,14 @@ class BiLM(nn.Module):
             if self.training and self.weight_drop > 0:
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
-            out, c, h = layer(h_in, sorted_lengths, c0[:, order], h0[:, order], cfg.cell_clip, cfg.proj_clip,
+            out, c, h = layer(h_in, run_lengths, rows(c0), rows(h0), cfg.cell_clip, cfg.proj_clip,
                               w_h, self.precision)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)
-            final.append((c[:, inv], h[:, inv]))
+            final.append((unsort(c), unsort(h)))
             h_in = out
-        return [o[:, inv] for o in outs], final
+        return [unsort(o) for o in outs], final
 
     def run_tokens(self, char_ids: torch.Tensor, token_index: torch.Tensor, lengths: torch.Tensor,
                    state: State | None = None) -> tuple[list[torch.Tensor], State]:

@@ -79,7 +79,7 @@ def lstm_layer(
     Parameters
     ----------
     x : ``(2, B, T, in)`` inputs, direction-stacked, rows sorted by length, descending.
-    lengths : B ints, non-increasing.
+    lengths : B ints, non-increasing (the fused path takes any order, and a tensor).
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
     w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
         dropped copy serves every step of the window).
@@ -133,7 +133,10 @@ def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, preci
     # bfloat16 model hands in; reduced precision is the kernels' matmul operands only.
     dt = torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
     xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
-    lens = torch.tensor(lengths, dtype=torch.int32).to(x.device, non_blocking=True)
+    if isinstance(lengths, torch.Tensor):
+        lens = lengths.to(device=x.device, dtype=torch.int32)
+    else:
+        lens = torch.tensor(lengths, dtype=torch.int32).to(x.device, non_blocking=True)
     out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt), lens,
                                  cell_clip, proj_clip, precision)
     return out.transpose(1, 2), c, h
