@@ -429,6 +429,27 @@ def test_later_runs_remove_stale_temp_files_of_their_own_naming(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # Signals: real ones, at moments spread over an embed's writing.
 # ------------------------------------------------------------------------------------------------
+def test_ctrl_c_during_start_up_ends_interrupted(tmp_path):
+    # While torch and the model load, before any output exists.
+    inp = _lines(tmp_path / "in.txt", 50)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    interrupted = 0
+    for delay in (0.3, 0.7, 1.2):
+        out = tmp_path / f"o-{delay}.h5"
+        proc = subprocess.Popen([sys.executable, "-m", "torchelmo.cli", "embed", str(inp), str(out), "--top",
+                                 "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+        if proc.returncode == 0:   # this machine started and finished faster than the delay
+            continue
+        assert proc.returncode == 130, (delay, proc.returncode, err)
+        assert err.strip().splitlines() == ["elmo embed: interrupted"], err
+        assert not out.exists()
+        interrupted += 1
+    assert interrupted >= 2
+
+
 def test_ctrl_c_and_sigterm_in_embed_always_end_interrupted(tmp_path):
     inp = _lines(tmp_path / "in.txt", 6000)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -1,11 +1,43 @@
 """elmo: ELMo (Peters et al. 2018) in PyTorch."""
 
-from .bilm import BiLM, BiLMOutput
-from .chars import batch_to_ids, word_to_char_ids
-from .config import ElmoConfig, preset
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import ElmoError
-from .mix import Elmo, ScalarMix
 
 __version__ = "0.1.0"
 __all__ = ["BiLM", "BiLMOutput", "Elmo", "ElmoConfig", "ElmoError", "ScalarMix", "batch_to_ids",
            "preset", "word_to_char_ids", "__version__"]
+
+# The public names and their modules, imported on first use: `import torchelmo` stays light, so
+# the `elmo` command is inside its own error handling (Ctrl-C included) before torch loads.
+_EXPORTS = {"BiLM": "bilm", "BiLMOutput": "bilm", "batch_to_ids": "chars", "word_to_char_ids": "chars",
+            "ElmoConfig": "config", "preset": "config", "Elmo": "mix", "ScalarMix": "mix"}
+
+if TYPE_CHECKING:
+    from .bilm import BiLM, BiLMOutput
+    from .chars import batch_to_ids, word_to_char_ids
+    from .config import ElmoConfig, preset
+    from .mix import Elmo, ScalarMix
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif not name.startswith("__"):
+        try:   # a submodule, as `torchelmo.weights` after `import torchelmo`
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,40 +9,47 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, average, export, info, perplexity, vocab
-from .embed import cli as embed_cli
+from . import __version__
 from .errors import ElmoError
-from .probe import cli as probe_cli
-from .runtime import bar_safe_output
-from .train import cli as train_cli
 
-# In the order `elmo --help` lists them.
-COMMAND_MODULES = [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli, export]
+
+def command_modules() -> list:
+    """The command modules, in the order `elmo --help` lists them. Imported here, not at the top:
+    they load torch, and a Ctrl-C during that is then inside :func:`main`'s handling."""
+    from . import average, export, info, perplexity, vocab
+    from .embed import cli as embed_cli
+    from .probe import cli as probe_cli
+    from .train import cli as train_cli
+    return [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli, export]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elmo", description="ELMo: deep contextualized word representations")
     parser.add_argument("--version", action="version", version=f"elmo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMAND_MODULES:
+    for module in command_modules():
         module.add_subcommand(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    given = sys.argv[1:] if argv is None else argv
+    command = f"elmo {given[0]}" if given and not given[0].startswith("-") else "elmo"
     try:
-        with bar_safe_output(f"elmo {args.command}"):   # warnings and log lines stay off progress bars
+        parser = build_parser()
+        from .runtime import bar_safe_output
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        command = f"elmo {args.command}"
+        with bar_safe_output(command):   # warnings and log lines stay off progress bars
             return int(args.func(args) or 0)
     except ElmoError as e:
-        print(f"elmo {args.command}: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return 130
 
 
