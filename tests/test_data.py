@@ -8,7 +8,8 @@ import torch
 
 from torchelmo.chars import word_to_char_ids
 from torchelmo.corpus import Corpus, expand_files
-from torchelmo.data import SentenceBatcher, StreamBatcher, sentences_batch
+from torchelmo.data import SentenceBatcher, StreamBatcher, make_batch, sentences_batch
+from torchelmo.encoder import PAD_ID
 from torchelmo.vocab import Vocabulary
 from torchelmo.errors import ElmoError
 
@@ -258,3 +259,15 @@ def test_sentence_batches_resume_and_ranks(corpus_files):
         assert a.n_targets + b.n_targets == full.n_targets
         assert batch_tokens(a, 0) + batch_tokens(b, 0) == \
             [batch_tokens(full, 0)[i] for i in list(range(0, len(full.lengths), 2)) + list(range(1, len(full.lengths), 2))]
+
+
+def test_batch_tokens_sorted_by_length_with_their_runs():
+    rows = [(["<S>", "a", "elephant"], [4, 5, 6], ["</S>", "elephant", "a"], [5, 4, 1]),
+            (["<S>", "bb"], [7, 8], ["</S>", "bb"], [7, 1])]
+    b = make_batch(rows, None, 5)
+    lengths = [int(((r != PAD_ID).nonzero().max()) + 1) for r in b.char_ids]
+    assert lengths == sorted(lengths) and [L for L, c in b.groups for _ in range(c)] == lengths
+    # The index still names the right tokens.
+    assert b.char_ids[b.token_index[0, 0, 2]].tolist() == list(word_to_char_ids("elephant"))
+    assert b.char_ids[b.token_index[1, 1, 1]].tolist() == list(word_to_char_ids("bb"))
+    assert (b.token_index[:, 1, 2:] == -1).all()

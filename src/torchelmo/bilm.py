@@ -236,12 +236,13 @@ class BiLM(nn.Module):
         return [unsort(o) for o in outs], final
 
     def run_tokens(self, char_ids: torch.Tensor, token_index: torch.Tensor, lengths: torch.Tensor,
-                   state: State | None = None) -> tuple[list[torch.Tensor], State]:
+                   state: State | None = None, groups: list[tuple[int, int]] | None = None
+                   ) -> tuple[list[torch.Tensor], State]:
         """:meth:`run_stacks` over sequences given as ``token_index (2, B, T)``, indices into
         ``char_ids (U, 50)`` of distinct tokens (-1 at padding): the LM's training input, in which
-        each distinct token is encoded once."""
+        each distinct token is encoded once. ``groups``: see :meth:`CharCNNEncoder.encode_tokens`."""
         pad = token_index < 0
-        emb = self.encoder.encode_tokens(char_ids)                            # (U, P)
+        emb = self.encoder.encode_tokens(char_ids, groups)                    # (U, P)
         x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
         return self.run_stacks(x, lengths, state)
 

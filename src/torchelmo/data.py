@@ -40,6 +40,7 @@ import torch
 from .bilm import lm_sequences
 from .chars import MAX_CHARS, word_to_char_ids
 from .corpus import Corpus, CorpusPosition
+from .encoder import plan_tokens
 from .errors import ElmoError
 from .text import length_batches
 from .vocab import Vocabulary
@@ -56,7 +57,9 @@ class Batch:
     them ([0] forward inputs, [1] backward inputs, -1 at padding); ``targets (2, B, T)`` are
     vocabulary ids (-1 at padding); ``lengths (B,)`` the steps of each row (the same in both
     directions). ``n_targets`` is this rank's number of targets per direction; ``global_targets``
-    the whole global batch's (all ranks).
+    the whole global batch's (all ranks). ``groups``: the ``(length, count)`` runs of characters
+    per token over ``char_ids``, which are in ascending order of length (the encoder then needs
+    no device sort; see :func:`torchelmo.encoder.plan_tokens`).
     """
 
     char_ids: torch.Tensor
@@ -65,10 +68,13 @@ class Batch:
     lengths: torch.Tensor
     n_targets: int
     global_targets: int
+    groups: list[tuple[int, int]] | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(self.char_ids.to(device), self.token_index.to(device), self.targets.to(device),
-                     self.lengths.to(device), self.n_targets, self.global_targets)
+        nb = torch.device(device).type == "cuda"   # from pinned memory, without blocking the host
+        move = (lambda t: t.pin_memory().to(device, non_blocking=True)) if nb else (lambda t: t.to(device))
+        return Batch(move(self.char_ids), move(self.token_index), move(self.targets), move(self.lengths),
+                     self.n_targets, self.global_targets, self.groups)
 
 
 def make_batch(rows: Sequence[tuple[list[str], list[int], list[str], list[int]]], vocab_ids_T: int | None,
@@ -90,11 +96,11 @@ def make_batch(rows: Sequence[tuple[list[str], list[int], list[str], list[int]]]
         index[1, b, :n] = torch.tensor([uniq.setdefault(t, len(uniq)) for t in bi])
         targets[0, b, :n] = torch.tensor(ft)
         targets[1, b, :n] = torch.tensor(bt)
-    if uniq:
-        char_ids = torch.tensor([word_to_char_ids(t) for t in uniq], dtype=torch.long)
-    else:
-        char_ids = torch.zeros(0, MAX_CHARS, dtype=torch.long)
-    return Batch(char_ids, index, targets, lengths, int(lengths.sum()), global_targets)
+    if not uniq:
+        return Batch(torch.zeros(0, MAX_CHARS, dtype=torch.long), index, targets, lengths, 0, global_targets, [])
+    plan = plan_tokens(torch.tensor([word_to_char_ids(t) for t in uniq], dtype=torch.long))
+    index = torch.where(index >= 0, plan.inverse[index.clamp(min=0)], -1)   # into the sorted rows
+    return Batch(plan.unique, index, targets, lengths, int(lengths.sum()), global_targets, plan.groups)
 
 
 def sentence_rows(sent: Sequence[str], vocab: Vocabulary) -> tuple[list[str], list[int], list[str], list[int]]:

@@ -94,7 +94,8 @@ class LanguageModel(nn.Module):
     # -- the objective ---------------------------------------------------------------------------
     def token_nll(self, char_ids: torch.Tensor, token_index: torch.Tensor, targets: torch.Tensor,
                   lengths: torch.Tensor, state: State | None = None,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
+                  generator: torch.Generator | None = None,
+                  groups: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, State]:
         """Per-target negative log-likelihoods.
 
         Parameters
@@ -104,12 +105,13 @@ class LanguageModel(nn.Module):
         targets : ``(2, B, T)`` vocabulary ids, -1 = pad.
         lengths : ``(B,)`` steps per row.
         state : carried LSTM state (per layer ``c (2, B, D), h (2, B, P)``) or None (zeros).
+        groups : ``char_ids``' runs of equal character length, when sorted (see :class:`Batch`).
 
         Returns
         -------
         ``nll (2, B, T)`` (0 at padding) and the final state.
         """
-        outs, final = self.bilm.run_tokens(char_ids, token_index, lengths, state)
+        outs, final = self.bilm.run_tokens(char_ids, token_index, lengths, state, groups)
         top = outs[-1]
         if self.training and self.dropout > 0:
             top = sequence_dropout(top, self.dropout, self.variational_dropout)
@@ -121,14 +123,16 @@ class LanguageModel(nn.Module):
 
     def forward(self, char_ids: torch.Tensor, token_index: torch.Tensor, targets: torch.Tensor,
                 lengths: torch.Tensor, state: State | None = None,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
+                generator: torch.Generator | None = None,
+                groups: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, State]:
         """``(2,)`` summed negative log-likelihood per direction, and the final state."""
-        nll, final = self.token_nll(char_ids, token_index, targets, lengths, state, generator)
+        nll, final = self.token_nll(char_ids, token_index, targets, lengths, state, generator, groups)
         return nll.sum(dim=(1, 2)), final
 
     def batch_nll(self, batch: Batch, state: State | None = None,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, State]:
-        return self(batch.char_ids, batch.token_index, batch.targets, batch.lengths, state, generator)
+        return self(batch.char_ids, batch.token_index, batch.targets, batch.lengths, state, generator,
+                    batch.groups)
 
     # -- scoring ---------------------------------------------------------------------------------
     @property
@@ -146,7 +150,7 @@ class LanguageModel(nn.Module):
                 chunk = [list(s) for s in sentences[i:i + batch_size]]
                 _check_sentences(sentences[i:i + batch_size], i)
                 b = sentences_batch(chunk, self.vocab).to(self.device)
-                nll, _ = self.token_nll(b.char_ids, b.token_index, b.targets, b.lengths)
+                nll, _ = self.token_nll(b.char_ids, b.token_index, b.targets, b.lengths, groups=b.groups)
                 lp = (-nll).double().cpu()
                 for j, s in enumerate(chunk):
                     n = len(s) + 1

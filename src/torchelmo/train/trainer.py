@@ -180,7 +180,8 @@ class Trainer:
             sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
             with sync:
                 with precision_context(cfg.precision, self.device):
-                    sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler)
+                    sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler,
+                                             b.groups)
                 loss = 0.5 * sums.float().sum() * (env.world_size / n_global)
                 loss.backward()
             local += sums.detach().double().cpu()
