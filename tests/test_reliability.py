@@ -366,6 +366,12 @@ def test_full_disk_in_embed_is_one_line_error_and_leaves_nothing(tmp_path, small
     line = one_line_error(capsys, ["embed", inp, out, "--all", "--quiet"], str(out), "No space left on device")
     assert "nothing was written" in line
     assert list(small_disk.iterdir()) == []
+    shards = [tmp_path / f"s{k}.h5" for k in range(2)]
+    for k, shard in enumerate(shards):
+        assert cli_main(["embed", str(inp), str(shard), "--all", "--quiet", "--shard", f"{k}/2"]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, ["embed-merge", out, *shards], str(out), "No space left on device")
+    assert list(small_disk.iterdir()) == []
 
 
 def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, fixture_corpus, small_disk,

@@ -391,18 +391,19 @@ def merge_shards(shard_paths: Sequence[str | Path], output_path: str | Path, *,
         _, n_lines, layers, pool = shards[0].run
         has_index = all(INDEX_DATASET in s.file for s in shards)
         where, index = _locate(shards, n_lines, has_index)
-        with atomic_path(output_path) as tmp, h5py.File(tmp, "w") as out:
+        with Interrupts() as interrupts, atomic_path(output_path) as tmp, \
+                GuardedH5(tmp, output_path, interrupts) as out:
             for i, s in enumerate(where):
                 src, name = shards[s], str(i)
                 if link:
                     rel = os.path.relpath(Path(src.path).resolve(), output_path.resolve().parent)
-                    out[name] = h5py.ExternalLink(rel, "/" + name)
+                    out.run(lambda f, name=name, rel=rel: f.__setitem__(name, h5py.ExternalLink(rel, "/" + name)))
                 else:
-                    src.file.copy(src.file[name], out, name)
-            _write_index(out, index if has_index else None)
-            _write_attrs(out, layers, pool, n_lines, None)
+                    out.run(lambda f, src=src, name=name: src.file.copy(src.file[name], f, name))
             first = shards[0].file.attrs
-            _write_model_attrs(out, first.get(ATTR_MODEL), first.get(ATTR_OPTIONS))
+            out.run(lambda f: (_write_index(f, index if has_index else None),
+                               _write_attrs(f, layers, pool, n_lines, None),
+                               _write_model_attrs(f, first.get(ATTR_MODEL), first.get(ATTR_OPTIONS))))
     finally:
         for f in opened:
             f.close()
