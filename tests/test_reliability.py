@@ -477,3 +477,27 @@ def test_ctrl_c_and_sigterm_in_embed_always_end_interrupted(tmp_path):
         assert "Traceback" not in err and "Exception ignored" not in err, err
         assert not out.exists()
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_embed_file_holds_one_batch_of_outputs_not_a_window(tmp_path, fixture_model, monkeypatch):
+    # Peak memory must not grow with the window (10,000 lines): each batch is written as it ends.
+    import torchelmo.embed.engine as engine
+    from torchelmo.embed import embed_file
+    from torchelmo.embed.writer import GuardedH5
+    counts = {"made": 0, "written": 0, "most_pending": 0}
+    real_batch, real_write = engine.embed_batch, GuardedH5.write
+
+    def batch(model, sentences, *a, **k):
+        counts["most_pending"] = max(counts["most_pending"], counts["made"] - counts["written"])
+        out = real_batch(model, sentences, *a, **k)
+        counts["made"] += len(out)
+        return out
+
+    def write(self, name, arr):
+        counts["written"] += 1
+        real_write(self, name, arr)
+
+    monkeypatch.setattr(engine, "embed_batch", batch)
+    monkeypatch.setattr(GuardedH5, "write", write)
+    embed_file(fixture_model, _lines(tmp_path / "in.txt", 300), tmp_path / "o.h5", "top", batch_size=16)
+    assert counts["written"] == 300 and counts["most_pending"] == 0
