@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from .lstm import fused_fits
 from .precision import PRECISIONS
 
 try:
@@ -35,7 +36,6 @@ try:
 except ImportError:   # the CPU install has no Triton; the CUDA builds of PyTorch bring it
     triton = None
 
-FORGET_BIAS = 1.0
 _PREC_CODE = {"fp32": 0, "tf32": 1, "bf16": 2}
 
 
@@ -58,6 +58,8 @@ if triton is not None:
 
     @triton.jit
     def _mma(a, b, acc, PREC: tl.constexpr, EMULATE_BF16: tl.constexpr):
+        if PREC == 3:   # float64, for gradient checks: plain products, no tensor cores needed
+            return acc + tl.sum(a[:, :, None] * b[None, :, :], axis=1)
         if PREC == 2:
             if EMULATE_BF16:
                 return acc + tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32),
@@ -67,7 +69,7 @@ if triton is not None:
             return tl.dot(a, b, acc, input_precision="tf32")
         return tl.dot(a, b, acc, input_precision="ieee")
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["t"])
     def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cell_clip,
                    CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
@@ -114,7 +116,7 @@ if triton is not None:
             tl.store(sp + 3 * D, o, mask=mu)
             tl.store(c_pre + row * D + ru[None, :], pre, mask=mu)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["t"])
     def _proj_fwd(g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, proj_clip,
                   CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                   EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -142,7 +144,7 @@ if triton is not None:
         if SAVE:
             tl.store(h_pre + row * P + rn[None, :], acc, mask=mn)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["t"])
     def _gates_bwd(dh, dout, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
                    t, T, B, D, P, c_prev_dir, cell_clip, proj_clip,
                    CLIP_C: tl.constexpr, CLIP_P: tl.constexpr, CLIP_PREV: tl.constexpr,
@@ -198,7 +200,7 @@ if triton is not None:
         tl.store(zp + 2 * D, tl.where(a, dcell * cprev * f * (1.0 - f), 0.0), mask=mu)
         tl.store(zp + 3 * D, tl.where(a, acc * tc * o * (1.0 - o), 0.0), mask=mu)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["t"])
     def _rec_bwd(dz, w_h, dh, lengths, t, T, B, D, P,
                  PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -233,9 +235,14 @@ def _grid(B: int, N: int, bm: int, bn: int) -> tuple[int, int, int]:
     return (triton.cdiv(B, bm), triton.cdiv(N, bn), 2)
 
 
+def _warps(bm: int, bn: int) -> int:
+    # The gate kernels hold four bm x bn fp32 accumulators: more warps, fewer registers each.
+    return 8 if bm * bn >= 4096 else 4
+
+
 def _flags(precision: str, dtype: torch.dtype) -> dict:
-    # float64 (gradient checks) has no reduced-precision form: always IEEE.
-    prec = 0 if dtype == torch.float64 else _PREC_CODE[precision]
+    # float64 (gradient checks) has no reduced-precision form.
+    prec = 3 if dtype == torch.float64 else _PREC_CODE[precision]
     return dict(PREC=prec, EMULATE_BF16=interpreted())
 
 
@@ -266,7 +273,7 @@ class FusedRecurrence(torch.autograd.Function):
         for t in range(T):
             _gates_fwd[_grid(B, D, bm, bd)](
                 xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
-                CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, **flags)
+                CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, num_warps=_warps(bm, bd), **flags)
             _proj_fwd[_grid(B, P, bm, bn)](
                 g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
                 CLIP=proj_clip is not None, SAVE=save, BM=bm, BN=bn, BK=bk, **flags)
@@ -297,7 +304,8 @@ class FusedRecurrence(torch.autograd.Function):
                 dh, d_out, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
                 t, T, B, D, P, c_prev_dir, cc, pc,
                 CLIP_C=cell_clip is not None, CLIP_P=proj_clip is not None,
-                CLIP_PREV=cell_clip is not None and t > 0, BM=bm, BD=bd, BK=bk, **flags)
+                CLIP_PREV=cell_clip is not None and t > 0, BM=bm, BD=bd, BK=bk,
+                num_warps=_warps(bm, bd), **flags)
             _rec_bwd[_grid(B, P, bm, bn)](dz, w_h, dh, lengths, t, T, B, D, P, BM=bm, BN=bn, BK=bk, **flags)
         # Weight gradients: every step's contribution in one matmul each.
         h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)          # (2, T, B, P)
@@ -315,4 +323,6 @@ def fused_recurrence(xw: torch.Tensor, w_h: torch.Tensor, w_p: torch.Tensor, c0:
         raise RuntimeError("the fused recurrence needs Triton (it comes with the CUDA builds of PyTorch)")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if not fused_fits(*xw.shape[1:3], xw.shape[-1] // 4):
+        raise ValueError(f"the fused recurrence indexes with 32-bit offsets: {tuple(xw.shape)} is too large")
     return FusedRecurrence.apply(xw, w_h, w_p, c0, h0, lengths.to(torch.int32), cell_clip, proj_clip, precision)

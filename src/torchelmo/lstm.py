@@ -53,9 +53,10 @@ class BiLstmLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: list[int], c0: torch.Tensor, h0: torch.Tensor,
                 cell_clip: float | None, proj_clip: float | None, w_h: torch.Tensor | None = None,
-                precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                precision: str = "fp32", fused: bool | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`lstm_layer` with this layer's weights."""
-        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
+        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused)
 
 
 def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
@@ -96,7 +97,7 @@ def lstm_layer(
     """
     w_h = layer.w_h if w_h is None else w_h
     if fused is None:
-        fused = use_fused(x.device)
+        fused = use_fused(x.device) and fused_fits(x.shape[2], x.shape[1], layer.lstm_dim)
     if fused:
         return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
@@ -105,6 +106,12 @@ def lstm_layer(
     if layer.input_dim + layer.projection_dim <= FUSED_MAX_K:
         return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+
+
+def fused_fits(T: int, B: int, D: int) -> bool:
+    """Whether a layer's buffers (the largest is ``(2, T, B, 4D)``) fit the fused kernels' 32-bit
+    offsets; larger ones take the unfused path."""
+    return 2 * T * B * 4 * D < 2**31
 
 
 def use_fused(device: torch.device) -> bool:
