@@ -143,7 +143,7 @@ def test_failed_run_leaves_no_output(tmp_path, fixture_model, sentences, monkeyp
     src = _write(tmp_path / "in.txt", sentences)
     out = tmp_path / "out.hdf5"
     out.write_bytes(b"previous result")
-    real, calls = E.engine.embed_batch, []
+    real, calls = E.engine.start_batch, []
 
     def failing(*a, **kw):
         calls.append(1)
@@ -151,7 +151,7 @@ def test_failed_run_leaves_no_output(tmp_path, fixture_model, sentences, monkeyp
             raise exc
         return real(*a, **kw)
 
-    monkeypatch.setattr(E.engine, "embed_batch", failing)
+    monkeypatch.setattr(E.engine, "start_batch", failing)
     with pytest.raises(type(exc)):
         embed_file(fixture_model, src, out, "all", batch_size=2, window_lines=4)
     assert len(calls) == 3

@@ -85,6 +85,43 @@ def embed_batch(model: BiLM, sentences: Sequence[Sequence[str]], layers: str,
     B float32 numpy arrays, sentence b's shaped as :func:`output_shape` says for its ``n_b``
     tokens: ``(L, n_b, 2P)`` or ``(n_b, 2P)``; pooled ``(L, 2P)`` or ``(2P,)``.
     """
+    return start_batch(model, sentences, layers, pool).result()
+
+
+class PendingBatch:
+    """A batch's outputs on their way to the host. On a GPU the copy goes to pinned memory
+    without blocking, so the host can launch the next batch before taking these
+    (:meth:`result`): the device computes while the host writes."""
+
+    def __init__(self, rep: torch.Tensor, lengths: list[int], pool: str | None, layers: str) -> None:
+        self.lengths, self.pool, self.layers = lengths, pool, layers
+        self.event = None
+        if rep.is_cuda:
+            self.host = torch.empty(rep.shape, dtype=rep.dtype, pin_memory=True)
+            self.host.copy_(rep, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = rep
+
+    def result(self) -> list[np.ndarray]:
+        """The B arrays (see :func:`embed_batch`); waits for the copy."""
+        if self.event is not None:
+            self.event.synchronize()
+        rep = self.host.numpy()
+        results = []
+        for b, n_tok in enumerate(self.lengths):
+            if self.pool == "mean":
+                results.append(rep[b] if n_tok else np.zeros((0,), np.float32))
+            else:
+                results.append(np.ascontiguousarray(rep[b, :, :n_tok] if self.layers == "all" else rep[b, :n_tok]))
+        return results
+
+
+@torch.no_grad()
+def start_batch(model: BiLM, sentences: Sequence[Sequence[str]], layers: str,
+                pool: str | None) -> PendingBatch:
+    """:func:`embed_batch` without waiting for the outputs."""
     check_modes(layers, pool)
     ids = batch_to_ids(sentences)   # (B, T, 50) on the host: a GPU model copies only distinct tokens
     out = model(ids)
@@ -99,17 +136,10 @@ def embed_batch(model: BiLM, sentences: Sequence[Sequence[str]], layers: str,
     if pool == "mean":
         m = out.mask.to(rep.dtype)                              # (B, T)
         m = m.unsqueeze(1) if layers == "all" else m
-        n = torch.tensor(lengths, device=rep.device, dtype=rep.dtype).clamp(min=1)
+        n = torch.tensor(lengths, dtype=rep.dtype).to(rep.device).clamp(min=1)
         n = n.view(-1, 1, 1) if layers == "all" else n.view(-1, 1)
         rep = (rep * m.unsqueeze(-1)).sum(dim=-2) / n           # (B, L, 2P) or (B, 2P)
-    rep = rep.cpu().numpy()
-    results = []
-    for b, n_tok in enumerate(lengths):
-        if pool == "mean":
-            results.append(rep[b] if n_tok else np.zeros((0,), np.float32))
-        else:
-            results.append(np.ascontiguousarray(rep[b, :, :n_tok] if layers == "all" else rep[b, :n_tok]))
-    return results
+    return PendingBatch(rep, lengths, pool, layers)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,11 +200,15 @@ def iter_embed_indexed(model: BiLM, items: Iterable[Item], layers: str, pool: st
     check_modes(layers, pool)
     empty = np.zeros(output_shape(model, layers, pool, 0), np.float32)
 
-    def run(batch: list[Item]) -> list[np.ndarray]:
-        arrays = embed_batch(model, [toks for _, toks in batch], layers, pool)
-        if on_batch is not None:
-            on_batch(len(batch), sum(len(toks) for _, toks in batch))
-        return arrays
+    def run(batch: list[Item]) -> Callable[[], list[np.ndarray]]:
+        pending = start_batch(model, [toks for _, toks in batch], layers, pool)
+
+        def finish() -> list[np.ndarray]:
+            arrays = pending.result()
+            if on_batch is not None:
+                on_batch(len(batch), sum(len(toks) for _, toks in batch))
+            return arrays
+        return finish
 
     if model.stateful:
         # Fixed batches in input order, blank lines included (they still advance the state, as
@@ -183,10 +217,10 @@ def iter_embed_indexed(model: BiLM, items: Iterable[Item], layers: str, pool: st
         for it in items:
             batch.append(it)
             if len(batch) == batching.batch_size:
-                yield from _finish_stateful(batch, run(batch), empty, on_blank)
+                yield from _finish_stateful(batch, run(batch)(), empty, on_blank)
                 batch = []
         if batch:
-            yield from _finish_stateful(batch, run(batch), empty, on_blank)
+            yield from _finish_stateful(batch, run(batch)(), empty, on_blank)
         return
 
     per_token = 4 * model.output_dim * (model.num_layers if layers == "all" else 1)
@@ -213,7 +247,7 @@ def _finish_stateful(batch: list[Item], arrays: list[np.ndarray], empty: np.ndar
         yield i, arr
 
 
-def _run_window(window: list[Item], run: Callable[[list[Item]], list[np.ndarray]],
+def _run_window(window: list[Item], run: Callable[[list[Item]], Callable[[], list[np.ndarray]]],
                 batching: Batching, empty: np.ndarray, on_blank: OnBlank | None,
                 in_order: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     full = [it for it in window if it[1]]       # blank lines need no batch row
@@ -223,14 +257,22 @@ def _run_window(window: list[Item], run: Callable[[list[Item]], list[np.ndarray]
                 if on_blank is not None:
                     on_blank(i)
                 yield i, empty
+        # One batch in flight: batch k + 1 is launched before batch k's arrays are taken and
+        # written, so on a GPU the writing overlaps the next batch's compute.
+        previous = None
         for rows in batching.batches([len(toks) for _, toks in full]):
             batch = [full[r] for r in rows]
-            yield from zip((i for i, _ in batch), run(batch))
+            current = (batch, run(batch))
+            if previous is not None:
+                yield from zip((i for i, _ in previous[0]), previous[1]())
+            previous = current
+        if previous is not None:
+            yield from zip((i for i, _ in previous[0]), previous[1]())
         return
     done: dict[int, np.ndarray] = {}
     for rows in batching.batches([len(toks) for _, toks in full]):
         batch = [full[r] for r in rows]
-        for (i, _), arr in zip(batch, run(batch)):
+        for (i, _), arr in zip(batch, run(batch)()):
             done[i] = arr
     for i, toks in window:
         if toks:
