@@ -124,6 +124,8 @@ def _check_char_ids(char_ids: torch.Tensor, n_characters: int) -> None:
     # An id out of range would index past the embedding (a crash) or, if negative, silently wrap.
     if char_ids.dtype.is_floating_point or char_ids.dtype.is_complex or char_ids.dtype == torch.bool:
         raise ElmoError(f"BiLM: char ids must be integers (from batch_to_ids), got dtype {char_ids.dtype}")
+    if char_ids.numel() == 0:   # sentences without tokens
+        return
     lo, hi = int(char_ids.min()), int(char_ids.max())
     if lo < 0 or hi >= n_characters:
         raise ElmoError(f"BiLM: char ids must be in 0..{n_characters - 1}, got values in {lo}..{hi}")
