@@ -38,8 +38,9 @@ REGISTRY: dict[str, dict[str, str | None]] = {
     name: {
         "options": f"{_S3}/{name}/elmo_{name}_options.json",
         "weights": f"{_S3}/{name}/elmo_{name}_weights.hdf5",
-        # The checksums of the published files could not be taken here (no internet). Where
-        # None, the digest taken at first download is recorded and checked on every later use.
+        # Not pinned yet: the published files' digests could not be read where this was written.
+        # Where None, a download is cached only once its content checks out (resolve_published),
+        # and the digest recorded then is checked on every later use.
         "options_sha256": None,
         "weights_sha256": None,
     }
