@@ -502,3 +502,26 @@ def test_embed_file_holds_one_batch_of_outputs_not_a_window(tmp_path, fixture_mo
     monkeypatch.setattr(GuardedH5, "write", write)
     embed_file(fixture_model, _lines(tmp_path / "in.txt", 300), tmp_path / "o.h5", "top", batch_size=16)
     assert counts["written"] == 300 and counts["most_pending"] <= 16
+
+
+def test_unpinned_registry_weights_are_checked_against_their_options(tmp_path, server, monkeypatch):
+    import h5py
+    from torchelmo import weights as W
+    base, routes = server
+    options, weights = _tiny_published(tmp_path)
+    good = weights.read_bytes()
+    with h5py.File(weights, "r+") as f:   # a complete HDF5 file, one dataset short
+        del f["CNN_proj/b_proj"]
+    routes["/o.json"] = (200, {}, options.read_bytes())
+    routes["/w.hdf5"] = (200, {}, weights.read_bytes())
+    name = "2x1024_128_2048cnn_1xhighway"
+    monkeypatch.setitem(W.REGISTRY, name, {"options": f"{base}/o.json", "weights": f"{base}/w.hdf5",
+                                           "options_sha256": None, "weights_sha256": None})
+    monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("ELMO_OFFLINE", raising=False)
+    with pytest.raises(ElmoError, match="missing dataset 'CNN_proj/b_proj'"):
+        W.resolve_published("small")
+    assert not any(p.name.endswith("w.hdf5") for p in (tmp_path / "cache").iterdir())
+    routes["/w.hdf5"] = (200, {}, good)
+    _, path = W.resolve_published("small")
+    assert path.read_bytes() == good
