@@ -11,6 +11,7 @@ import sys
 
 from . import __version__
 from .errors import ElmoError
+from .signals import Interrupts
 
 
 def command_modules() -> list:
@@ -36,8 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = f"elmo {given[0]}" if given and not given[0].startswith("-") else "elmo"
     try:
-        parser = build_parser()
-        from .runtime import bar_safe_output
+        # A signal is held while torch loads: raised inside an extension's initialisation it
+        # can leave the module half loaded, or make the interpreter exit by SIGINT regardless
+        # of the status returned here.
+        with Interrupts() as held, held.critical():
+            parser = build_parser()
+            from .runtime import bar_safe_output
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
