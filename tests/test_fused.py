@@ -151,3 +151,16 @@ def test_training_through_fused_path_follows_the_same_losses(monkeypatch, tmp_pa
         losses.append([r["loss"] for r in rows if "loss" in r])
     assert len(losses[0]) == 3
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+def test_inference_keeps_nothing_for_backward(monkeypatch):
+    layer = _layer(In=16, D=16, P=16)
+    x, c0, h0 = _inputs(layer, [3, 2], 3, grad=False)
+    saves = []
+    real = F._forward
+    monkeypatch.setattr(F, "_forward", lambda *a, save: saves.append(save) or real(*a, save=save))
+    with torch.no_grad():
+        out = lstm_layer(layer, x, [3, 2], c0, h0, None, None, fused=True)[0]
+    assert saves == [False] and out.grad_fn is None
+    lstm_layer(layer, x, [3, 2], c0, h0, None, None, fused=True)[0].sum().backward()
+    assert saves == [False, True] and layer.w_h.grad is not None

@@ -246,39 +246,45 @@ def _flags(precision: str, dtype: torch.dtype) -> dict:
     return dict(PREC=prec, EMULATE_BF16=interpreted())
 
 
+def _forward(xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision, save):
+    """The time loop; with ``save``, also what the backward pass needs (gates, pre-clip cell and
+    projection values, ``g``), else a single ``g`` buffer reused by every step."""
+    _, T, B, G = xw.shape
+    D, P = G // 4, h0.shape[-1]
+    xw, w_h, w_p = xw.contiguous(), w_h.contiguous(), w_p.contiguous()
+    c, h = c0.clone().contiguous(), h0.clone().contiguous()
+    out = xw.new_empty(2, T, B, P)
+    if save:
+        g = xw.new_empty(2, T, B, D)
+        gates, c_pre, h_pre = xw.new_empty(2, T, B, G), xw.new_empty(2, T, B, D), xw.new_empty(2, T, B, P)
+        g_dir, g_t = T * B * D, B * D
+    else:
+        g = xw.new_empty(2, B, D)
+        gates = c_pre = h_pre = g
+        g_dir, g_t = B * D, 0
+    flags = _flags(precision, xw.dtype)
+    bm, bd, bk = _blocks(B, D)
+    _, bn, _ = _blocks(B, P)
+    cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
+    for t in range(T):
+        _gates_fwd[_grid(B, D, bm, bd)](
+            xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
+            CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, num_warps=_warps(bm, bd), **flags)
+        _proj_fwd[_grid(B, P, bm, bn)](
+            g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
+            CLIP=proj_clip is not None, SAVE=save, BM=bm, BN=bn, BK=bk, **flags)
+    saved = (xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre) if save else None
+    return out, c, h, saved
+
+
 class FusedRecurrence(torch.autograd.Function):
     """``(xw (2, T, B, 4D), w_h (2, P, 4D), w_p (2, D, P), c0 (2, B, D), h0 (2, B, P))`` ->
     ``out (2, T, B, P), c (2, B, D), h (2, B, P)``; ``lengths (B,)`` int32 on the same device."""
 
     @staticmethod
     def forward(ctx, xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision):
-        _, T, B, G = xw.shape
-        D, P = G // 4, h0.shape[-1]
-        save = any(ctx.needs_input_grad[:5])
-        xw, w_h, w_p = xw.contiguous(), w_h.contiguous(), w_p.contiguous()
-        c, h = c0.clone().contiguous(), h0.clone().contiguous()
-        out = xw.new_empty(2, T, B, P)
-        if save:
-            g = xw.new_empty(2, T, B, D)
-            gates, c_pre, h_pre = xw.new_empty(2, T, B, G), xw.new_empty(2, T, B, D), xw.new_empty(2, T, B, P)
-            g_dir, g_t = T * B * D, B * D
-        else:
-            g = xw.new_empty(2, B, D)
-            gates = c_pre = h_pre = g
-            g_dir, g_t = B * D, 0
-        flags = _flags(precision, xw.dtype)
-        bm, bd, bk = _blocks(B, D)
-        _, bn, _ = _blocks(B, P)
-        cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
-        for t in range(T):
-            _gates_fwd[_grid(B, D, bm, bd)](
-                xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
-                CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, num_warps=_warps(bm, bd), **flags)
-            _proj_fwd[_grid(B, P, bm, bn)](
-                g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
-                CLIP=proj_clip is not None, SAVE=save, BM=bm, BN=bn, BK=bk, **flags)
-        if save:
-            ctx.save_for_backward(xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre)
+        out, c, h, saved = _forward(xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision, save=True)
+        ctx.save_for_backward(*saved)
         ctx.clips, ctx.precision = (cell_clip, proj_clip), precision
         return out, c, h
 
@@ -325,4 +331,8 @@ def fused_recurrence(xw: torch.Tensor, w_h: torch.Tensor, w_p: torch.Tensor, c0:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if not fused_fits(*xw.shape[1:3], xw.shape[-1] // 4):
         raise ValueError(f"the fused recurrence indexes with 32-bit offsets: {tuple(xw.shape)} is too large")
-    return FusedRecurrence.apply(xw, w_h, w_p, c0, h0, lengths.to(torch.int32), cell_clip, proj_clip, precision)
+    args = (xw, w_h, w_p, c0, h0, lengths.to(torch.int32), cell_clip, proj_clip, precision)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args[:5]):
+        return FusedRecurrence.apply(*args)
+    # Inference: nothing kept for a backward pass (autograd would ask for it even under no_grad).
+    return _forward(*args, save=False)[:3]
