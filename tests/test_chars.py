@@ -59,3 +59,18 @@ def test_bad_batches():
         batch_to_ids([["ok"], "not tokenised"])
     with pytest.raises(ElmoError, match="sentence 0 token 1"):
         batch_to_ids([["ok", 3]])
+
+
+def test_batch_ids_equal_the_token_by_token_mapping():
+    words = ["", "a", "Second", "<S>", "</S>", "<S>x", "x</S>", "<s>", "a" * 47, "a" * 48, "a" * 49,
+             "é" * 30, "北京", "😀", "\ud800", "tab\there", "x" * 200, "end"]
+    sentences = [words, words[::-1][:5], [], ["only"]]
+    got = batch_to_ids(sentences)
+    for b, s in enumerate(sentences):
+        for t, w in enumerate(s):
+            assert tuple(got[b, t].tolist()) == word_to_char_ids(w), (b, t, w)
+        assert (got[b, len(s):] == 0).all()
+    # A token holding a newline cannot be split on newlines: it goes token by token.
+    nl = batch_to_ids([["a\nb", "c"]])
+    assert tuple(nl[0, 0].tolist()) == word_to_char_ids("a\nb") and tuple(nl[0, 1].tolist()) == word_to_char_ids("c")
+    assert tuple(batch_to_ids([[""]])[0, 0].tolist()) == word_to_char_ids("")

@@ -8,6 +8,7 @@ ids (the only ones the model sees). A token is ``[BOW, bytes[:48]..., EOW, PAD, 
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -69,16 +70,49 @@ def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     T = max(lengths)
     out = np.zeros((len(sentences), T, MAX_CHARS), np.int64)
     if T:
+        tokens = list(chain.from_iterable(sentences))
         try:
-            ids = [word_to_char_ids(t) for s in sentences for t in s]
-        except (TypeError, AttributeError):  # a token that is not a str (lru_cache may raise either)
+            joined = "\n".join(tokens)
+        except TypeError:
             _raise_bad_token(sentences)
             raise
+        if joined.count("\n") == len(tokens) - 1:
+            ids = _ids_of_joined(joined.encode("utf-8", errors="surrogatepass"), len(tokens))
+        else:   # a token holding a newline: the separator is ambiguous, go token by token
+            ids = np.array([word_to_char_ids(t) for t in tokens], np.int16)
         # One scatter of all tokens' rows: no per-sentence tensor construction.
         rows = np.repeat(np.arange(len(sentences)), lengths)
-        cols = np.concatenate([np.arange(n) for n in lengths])
+        cols = np.arange(len(tokens)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         out[rows, cols] = ids
     return torch.from_numpy(out)
+
+
+_SPECIALS = ((BOS_TOKEN.encode(), BOS_IDS), (EOS_TOKEN.encode(), EOS_IDS))
+
+
+def _ids_of_joined(data: bytes, n: int) -> np.ndarray:
+    """``(n, 50)`` shifted ids of n tokens given as one newline-joined UTF-8 buffer: the same
+    rows as :func:`word_to_char_ids`, with no per-token Python (newlines never occur inside a
+    UTF-8 multi-byte character, so they delimit the tokens' bytes)."""
+    m = len(data)
+    buf = np.frombuffer(data + bytes(MAX_CHARS), np.uint8)     # zeros after: reads past a token's end stay inside
+    ends = np.append(np.flatnonzero(buf[:m] == 10), m)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    size = np.minimum(ends - starts, MAX_CHARS - 2)            # bytes kept: at most 48
+    k = np.arange(MAX_CHARS - 2)
+    inside = k < size[:, None]
+    chars = buf[starts[:, None] + k]
+    ids = np.full((n, MAX_CHARS), PAD_CHAR + 1, np.int16)      # int16 until the final scatter
+    ids[:, 0] = BOW_CHAR + 1
+    ids[:, 1:MAX_CHARS - 1] = np.where(inside, chars.astype(np.int16) + 1, np.int16(PAD_CHAR + 1))
+    ids[np.arange(n), size + 1] = EOW_CHAR + 1
+    for raw, special in _SPECIALS:   # a literal marker is the marker, as in the originals
+        L = len(raw)
+        hit = (ends - starts) == L
+        for j, byte in enumerate(raw):
+            hit &= buf[starts + j] == byte
+        ids[hit] = special
+    return ids
 
 
 def _raise_bad_token(sentences: Sequence[Sequence[str]]) -> None:
