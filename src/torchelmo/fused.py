@@ -69,16 +69,29 @@ if triton is not None:
             return tl.dot(a, b, acc, input_precision="tf32")
         return tl.dot(a, b, acc, input_precision="ieee")
 
+    @triton.jit
+    def _tile(B, N, BM: tl.constexpr, BN: tl.constexpr):
+        """This program's direction, its block of rows and of columns (of N), and their bounds."""
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m_ok, n_ok = rm < B, rn < N
+        return tl.program_id(2), rm, rn, m_ok, n_ok, m_ok[:, None] & n_ok[None, :]
+
+    @triton.jit
+    def _running(lengths, rm, m_ok, t):
+        """Which rows are still inside their sentence at step t."""
+        return t < tl.load(lengths + rm, mask=m_ok, other=0)
+
+    @triton.jit
+    def _clip(x, v):
+        return tl.minimum(tl.maximum(x, -v), v)
+
     @triton.jit(do_not_specialize=["t"])
     def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cell_clip,
                    CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
         """z = xw_t + h W_h for rows [BM block] x units [BD block], all four gates; then the cell."""
-        d = tl.program_id(2)
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        ru = tl.program_id(1) * BD + tl.arange(0, BD)
-        m_ok, u_ok = rm < B, ru < D
-        mu = m_ok[:, None] & u_ok[None, :]
+        d, rm, ru, m_ok, u_ok, mu = _tile(B, D, BM, BD)
         G = 4 * D
         acc_i = tl.zeros((BM, BD), xw.dtype.element_ty)
         acc_j = tl.zeros((BM, BD), xw.dtype.element_ty)
@@ -104,8 +117,8 @@ if triton is not None:
         pre = f * tl.load(cp, mask=mu, other=0.0) + i * j
         c_new = pre
         if CLIP:
-            c_new = tl.minimum(tl.maximum(pre, -cell_clip), cell_clip)
-        active = t < tl.load(lengths + rm, mask=m_ok, other=0)
+            c_new = _clip(pre, cell_clip)
+        active = _running(lengths, rm, m_ok, t)
         tl.store(cp, c_new, mask=mu & active[:, None])
         tl.store(g + d * g_dir + t * g_t + rm[:, None] * D + ru[None, :], o * _tanh(c_new), mask=mu)
         if SAVE:
@@ -121,11 +134,7 @@ if triton is not None:
                   CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                   EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """h_t = clip(g_t W_p): the new state of running rows, and the step's output."""
-        d = tl.program_id(2)
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        m_ok, n_ok = rm < B, rn < P
-        mn = m_ok[:, None] & n_ok[None, :]
+        d, rm, rn, m_ok, n_ok, mn = _tile(B, P, BM, BN)
         acc = tl.zeros((BM, BN), g.dtype.element_ty)
         for k0 in range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
@@ -136,8 +145,8 @@ if triton is not None:
             acc = _mma(gk, wk, acc, PREC, EMULATE_BF16)
         hv = acc
         if CLIP:
-            hv = tl.minimum(tl.maximum(acc, -proj_clip), proj_clip)
-        active = (t < tl.load(lengths + rm, mask=m_ok, other=0))[:, None]
+            hv = _clip(acc, proj_clip)
+        active = _running(lengths, rm, m_ok, t)[:, None]
         tl.store(h + d * B * P + rm[:, None] * P + rn[None, :], hv, mask=mn & active)
         row = (d * T + t) * B + rm[:, None]
         tl.store(out + row * P + rn[None, :], tl.where(active, hv, 0.0), mask=mn)
@@ -151,12 +160,8 @@ if triton is not None:
                    PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                    BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
         """Step t backward to the gates: dg = dh_pre W_p^T, then dz (= d xw_t) and dc_{t-1}."""
-        d = tl.program_id(2)
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        ru = tl.program_id(1) * BD + tl.arange(0, BD)
-        m_ok, u_ok = rm < B, ru < D
-        mu = m_ok[:, None] & u_ok[None, :]
-        active = t < tl.load(lengths + rm, mask=m_ok, other=0)
+        d, rm, ru, m_ok, u_ok, mu = _tile(B, D, BM, BD)
+        active = _running(lengths, rm, m_ok, t)
         row = (d * T + t) * B + rm[:, None]
         acc = tl.zeros((BM, BD), dh.dtype.element_ty)
         for k0 in range(0, P, BK):
@@ -182,10 +187,10 @@ if triton is not None:
         pre = tl.load(c_pre + row * D + ru[None, :], mask=mu, other=0.0)
         c_new = pre
         if CLIP_C:
-            c_new = tl.minimum(tl.maximum(pre, -cell_clip), cell_clip)
+            c_new = _clip(pre, cell_clip)
         cprev = tl.load(c_prev + d * c_prev_dir + rm[:, None] * D + ru[None, :], mask=mu, other=0.0)
         if CLIP_PREV:
-            cprev = tl.minimum(tl.maximum(cprev, -cell_clip), cell_clip)
+            cprev = _clip(cprev, cell_clip)
         tc = _tanh(c_new)
         dcp = dc + d * B * D + rm[:, None] * D + ru[None, :]
         dc_in = tl.load(dcp, mask=mu, other=0.0)
@@ -205,10 +210,7 @@ if triton is not None:
                  PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """dh_{t-1} = dz_t W_h^T for running rows; finished rows pass their gradient through."""
-        d = tl.program_id(2)
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        m_ok, n_ok = rm < B, rn < P
+        d, rm, rn, m_ok, n_ok, mn = _tile(B, P, BM, BN)
         G = 4 * D
         row = (d * T + t) * B + rm[:, None]
         acc = tl.zeros((BM, BN), dz.dtype.element_ty)
@@ -218,9 +220,8 @@ if triton is not None:
             a = tl.load(dz + row * G + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w_h + d * P * G + rn[None, :] * G + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma(a, wt, acc, PREC, EMULATE_BF16)
-        active = (t < tl.load(lengths + rm, mask=m_ok, other=0))[:, None]
+        active = _running(lengths, rm, m_ok, t)[:, None]
         p = dh + d * B * P + rm[:, None] * P + rn[None, :]
-        mn = m_ok[:, None] & n_ok[None, :]
         tl.store(p, tl.where(active, acc, tl.load(p, mask=mn, other=0.0)), mask=mn)
 
 
