@@ -29,7 +29,7 @@ from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
-from .lstm import BiLstmLayer, fused_fits, use_fused
+from .lstm import BiLstmLayer, use_fused
 from .precision import check_precision, precision_context
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
@@ -201,7 +201,7 @@ class BiLM(nn.Module):
         if state is None:
             state = self.zero_state(B, x)
         cfg = self.config
-        fused = use_fused(x.device) and fused_fits(x.shape[2], B, cfg.lstm_dim)
+        fused = use_fused(x, cfg.lstm_dim)
         if fused:
             # The fused kernels mask finished rows themselves: no sort, and the lengths stay on
             # the device (no synchronisation).

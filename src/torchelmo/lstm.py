@@ -87,8 +87,8 @@ def lstm_layer(
     precision : ``fp32``, ``tf32`` or ``bf16``: the matmuls of the fused CUDA recurrence (the
         CPU paths compute in fp32).
     fused : run the Triton recurrence of :mod:`torchelmo.fused`; default (:func:`use_fused`): on
-        CUDA when Triton is installed; ``TORCHELMO_FUSED=0`` turns it off, ``=1`` forces it (on CPU
-        that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
+        CUDA when Triton is installed and the layer fits; ``TORCHELMO_FUSED=0`` turns it off, ``=1``
+        forces it (on CPU that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
 
     Returns
     -------
@@ -97,7 +97,7 @@ def lstm_layer(
     """
     w_h = layer.w_h if w_h is None else w_h
     if fused is None:
-        fused = use_fused(x.device) and fused_fits(x.shape[2], x.shape[1], layer.lstm_dim)
+        fused = use_fused(x, layer.lstm_dim)
     if fused:
         return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
@@ -114,12 +114,15 @@ def fused_fits(T: int, B: int, D: int) -> bool:
     return 2 * T * B * 4 * D < 2**31
 
 
-def use_fused(device: torch.device) -> bool:
-    """Whether :func:`lstm_layer` runs the fused recurrence on ``device`` by default."""
+def use_fused(x: torch.Tensor, lstm_dim: int) -> bool:
+    """Whether :func:`lstm_layer` runs the fused recurrence by default for inputs ``x (2, B, T, in)``
+    of a layer of ``lstm_dim`` cells: on CUDA with Triton, if the layer :func:`fused_fits`."""
     mode = os.environ.get("TORCHELMO_FUSED", "auto")
+    if not fused_fits(x.shape[2], x.shape[1], lstm_dim) or mode == "0":
+        return False
     if mode == "1":
         return True
-    if mode == "0" or device.type != "cuda":
+    if x.device.type != "cuda":
         return False
     try:
         import triton  # noqa: F401   (it comes with the CUDA builds of PyTorch)
