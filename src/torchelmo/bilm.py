@@ -27,7 +27,7 @@ import torch.nn as nn
 from . import hub, weights
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
-from .encoder import CharCNNEncoder, plan_tokens
+from .encoder import CharCNNEncoder, copy_to, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer, use_fused
 from .precision import check_precision, precision_context
@@ -272,7 +272,7 @@ class BiLM(nn.Module):
         if char_ids.device.type == "cpu" and device.type != "cpu":
             # Host ids for a GPU model: distinct tokens found here, only they are copied over.
             plan = plan_tokens(ids).to(device)
-            mask, lengths = mask.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
+            mask, lengths = copy_to(mask, device), copy_to(lengths, device)
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 

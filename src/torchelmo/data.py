@@ -40,7 +40,7 @@ import torch
 from .bilm import lm_sequences
 from .chars import MAX_CHARS, word_to_char_ids
 from .corpus import Corpus, CorpusPosition
-from .encoder import plan_tokens
+from .encoder import copy_to, plan_tokens
 from .errors import ElmoError
 from .text import length_batches
 from .vocab import Vocabulary
@@ -71,9 +71,8 @@ class Batch:
     groups: list[tuple[int, int]] | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
-        nb = torch.device(device).type == "cuda"   # from pinned memory, without blocking the host
-        move = (lambda t: t.pin_memory().to(device, non_blocking=True)) if nb else (lambda t: t.to(device))
-        return Batch(move(self.char_ids), move(self.token_index), move(self.targets), move(self.lengths),
+        return Batch(copy_to(self.char_ids, device), copy_to(self.token_index, device),
+                     copy_to(self.targets, device), copy_to(self.lengths, device),
                      self.n_targets, self.global_targets, self.groups)
 
 

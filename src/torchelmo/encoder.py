@@ -24,11 +24,15 @@ class TokenPlan(NamedTuple):
     groups: list[tuple[int, int]]
 
     def to(self, device: torch.device) -> TokenPlan:
-        """Copied without blocking the host (from pinned memory, for a CUDA device)."""
-        if device.type != "cuda":
-            return TokenPlan(self.unique.to(device), self.inverse.to(device), self.groups)
-        return TokenPlan(self.unique.pin_memory().to(device, non_blocking=True),
-                         self.inverse.pin_memory().to(device, non_blocking=True), self.groups)
+        return TokenPlan(copy_to(self.unique, device), copy_to(self.inverse, device), self.groups)
+
+
+def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory, without
+    blocking the host."""
+    if torch.device(device).type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def plan_tokens(char_ids: torch.Tensor) -> TokenPlan:
@@ -179,7 +183,7 @@ class CharCNNEncoder(nn.Module):
             uniq, inverse = plan.unique, plan.inverse
             emb = self._encode_unique(uniq, plan.groups)
         out = emb[inverse].view(B, T, -1)
-        mask = (char_ids[..., 0] > 0).to(out.device, non_blocking=True)
+        mask = copy_to(char_ids[..., 0] > 0, out.device)
         return out * mask.unsqueeze(-1).to(out.dtype)
 
     # -- token-embedding cache ---------------------------------------------------------------------
