@@ -479,6 +479,31 @@ def test_ctrl_c_and_sigterm_in_embed_always_end_interrupted(tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+@pytest.mark.parametrize("argv, statuses", [(["info", "--list"], [141]), (["info"], [141]),
+                                            (["--help"], [0, 141])])   # argparse may drop it itself
+def test_output_to_a_closed_pipe_ends_quietly(argv, statuses):
+    # The reader is gone before the first write (`| head -1` that has its line), so every
+    # write fails: deterministic, where a real `head` races the writer.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "torchelmo.cli", *argv]
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode in statuses and err == "", (proc.returncode, err)
+    # stderr into the same closed pipe (`2>&1 | head`): nothing is left over to fail at exit.
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=w, stderr=w)
+    finally:
+        os.close(w)
+    assert proc.wait(timeout=120) in statuses
+
+
 def test_embed_file_holds_one_batch_of_outputs_not_a_window(tmp_path, fixture_model, monkeypatch):
     # Peak memory must not grow with the window (10,000 lines): each batch is written as it ends
     # (one batch is in flight while the previous one is written).

@@ -7,6 +7,7 @@ Each command module exposes ``add_subcommand(subparsers)``, which registers its 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -34,6 +35,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # Output still buffered is written here, not at exit, where a closed pipe could only
+            # be reported as "Exception ignored ... BrokenPipeError". Also covers argparse's
+            # SystemExit after --help.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left early (`elmo info --list | head -1`): end quietly, as Unix tools do.
+        _discard_closed_pipes()
+        return 128 + 13   # the shell's status for a tool ended by SIGPIPE
+
+
+def _discard_closed_pipes() -> None:
+    """Point stdout, and stderr if its reader is gone too (``2>&1 | head``), at os.devnull, so
+    what is left in their buffers is dropped at exit instead of failing again (the remedy of
+    the Python docs' note on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    try:
+        sys.stderr.flush()
+    except BrokenPipeError:
+        os.dup2(devnull, sys.stderr.fileno())
+    os.close(devnull)
+
+
+def _run(argv: list[str] | None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = f"elmo {given[0]}" if given and not given[0].startswith("-") else "elmo"
     try:
