@@ -1,5 +1,5 @@
-"""Hugging Face Hub names, offline against a cache in the hub's own layout, and the directory
-save_pretrained writes for upload (weights + model card)."""
+"""Hugging Face Hub names, offline against a cache in the hub's own layout, for biLMs and whole
+LMs, and the directory save_pretrained writes for upload (weights + model card)."""
 
 import hashlib
 import json
@@ -11,9 +11,11 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
+from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids, hub
 from torchelmo import weights as W
 from torchelmo.cli import main
+from torchelmo.lm import LanguageModel
+from torchelmo.vocab import Vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,7 +42,7 @@ def _put_in_cache(cache, repo_id, rev, model_dir, refs=()):
     snap = repo / "snapshots" / rev
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
+    for name in [f for f in hub.FILES if (model_dir / f).is_file()]:   # those resolve() fetches
         data = (model_dir / name).read_bytes()
         blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
         blob.write_bytes(data)
@@ -128,3 +130,81 @@ def test_cli_loads_a_hub_id_offline_in_a_fresh_process(tmp_path):
     info = json.loads(done.stdout)
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
     assert info["options"] == model.config.to_options()
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole LMs (biLM + softmax + vocabulary): elmo perplexity, elmo average, init-from.
+# ------------------------------------------------------------------------------------------------
+WORDS = ["<S>", "</S>", "<UNK>", "the", "cat", "sat", "."]
+
+
+def _tiny_lm(seed):
+    torch.manual_seed(seed)
+    return LanguageModel(_tiny(seed).config, Vocabulary(WORDS), softmax="full").eval()
+
+
+def _scores(lm):
+    return [(s.forward_logprob, s.backward_logprob) for s in lm.score(SENTS)]
+
+
+@pytest.fixture()
+def lm_cache(hub_cache, tmp_path):
+    """hub_cache plus me/lm: main -> LM A, tag v1 -> LM B (each with training.json and vocab.txt)."""
+    cache, _ = hub_cache
+    lms = {"A": _tiny_lm(4), "B": _tiny_lm(5)}
+    for (key, lm), rev, refs in zip(lms.items(), (REV_A, REV_B), (["main"], ["v1"])):
+        _put_in_cache(cache, "me/lm", rev, lm.save_pretrained(tmp_path / f"lm-{key}"), refs)
+    return lms
+
+
+def test_language_model_reads_hub_ids_from_the_cache(lm_cache, tmp_path, monkeypatch):
+    assert _scores(LanguageModel.from_pretrained("me/lm")) == _scores(lm_cache["A"])
+    assert _scores(LanguageModel.from_pretrained("me/lm@v1")) == _scores(lm_cache["B"])
+    assert _scores(lm_cache["A"]) != _scores(lm_cache["B"])
+    # A directory spelled like the Hub id wins.
+    monkeypatch.chdir(tmp_path)
+    lm_cache["B"].save_pretrained(tmp_path / "me" / "lm")
+    assert _scores(LanguageModel.from_pretrained("me/lm")) == _scores(lm_cache["B"])
+
+
+def test_language_model_names_are_one_line_errors(lm_cache, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    cases = [("no-such-lm", "no such LM directory, and not a Hugging Face Hub id; accepted: an LM directory"),
+             (str(tmp_path / "a-file"), "a file, not an LM directory"),
+             ("me/other", "not in the Hugging Face Hub cache"),
+             ("me/lm@v9", "not in the Hugging Face Hub cache"),
+             ("me/tiny", "a biLM without a softmax layer"),     # a biLM on the Hub
+             ("original", "a biLM without a softmax layer")]
+    for name, match in cases:
+        with pytest.raises(ElmoError, match=match) as e:
+            LanguageModel.from_pretrained(name)
+        assert "\n" not in str(e.value) and str(e.value).startswith(name), str(e.value)
+    with pytest.raises(ElmoError) as e:
+        LanguageModel.from_pretrained("no-such-lm")
+    assert "owner/name[@revision]" in str(e.value) and "original-5.5b" not in str(e.value)
+
+
+def test_init_from_a_hub_lm_carries_its_softmax(lm_cache):
+    msgs = []
+    lm = LanguageModel.init_from("me/lm", Vocabulary(WORDS + ["dog"]), log=msgs.append)
+    assert "7 softmax rows carried over, 1 new tokens" in msgs[-1]
+    assert torch.equal(lm.softmax.weight[:7], lm_cache["A"].softmax.weight)
+    fresh = LanguageModel.init_from("me/tiny", Vocabulary(WORDS), log=msgs.append)   # a Hub biLM
+    assert "a new one is initialised" in msgs[-1] and fresh.bilm.config == lm_cache["A"].config
+
+
+def test_perplexity_and_average_take_hub_ids(lm_cache, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat .\n")
+    assert main(["perplexity", "me/lm@v1", str(text), "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "me/lm@v1"
+    assert out["ppl_mean"] == pytest.approx(lm_cache["B"].perplexity([text])["ppl_mean"])
+    assert main(["average", "me/lm", "me/lm@v1", "-o", str(tmp_path / "avg")]) == 0
+    assert "the mean of 2 model(s)" in capsys.readouterr().err
+    avg = LanguageModel.from_pretrained(tmp_path / "avg")
+    want = (lm_cache["A"].softmax.weight + lm_cache["B"].softmax.weight) / 2
+    assert torch.allclose(avg.softmax.weight, want)
+    assert main(["perplexity", "me/other", str(text)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("elmo perplexity: error: me/other: ") and err.count("\n") == 1

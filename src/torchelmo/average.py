@@ -80,7 +80,8 @@ def _run_average(args) -> int:
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("average", help="average the parameters of snapshots of one LM (checkpoint averaging)")
-    p.add_argument("models", nargs="+", help="LM directories or checkpoint files (e.g. RUN/checkpoints/*.pt)")
+    p.add_argument("models", nargs="+", help="LM directories, checkpoint files (e.g. RUN/checkpoints/*.pt) "
+                                             "or Hugging Face Hub ids owner/name[@revision]")
     p.add_argument("-o", "--output", required=True, help="LM directory to write")
     p.add_argument("--weights", type=float, nargs="+", metavar="W",
                    help="one weight per model (normalised to sum 1); default: the plain mean")

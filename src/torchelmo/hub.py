@@ -2,7 +2,9 @@
 
 A Hub repository holding the native format (``config.json`` + ``model.safetensors``, what
 :meth:`BiLM.save_pretrained` writes) is loaded by its id, ``owner/name`` or
-``owner/name@revision`` (a branch, tag or commit). Files come through ``huggingface_hub``
+``owner/name@revision`` (a branch, tag or commit); one holding a whole LM (what
+:meth:`LanguageModel.save_pretrained` writes: also ``training.json`` and ``vocab.txt``) is loaded
+by :meth:`LanguageModel.from_pretrained` the same way. Files come through ``huggingface_hub``
 (the optional ``hub`` extra) and its cache, so ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``
 and ``HF_TOKEN`` apply as everywhere else; ``ELMO_OFFLINE=1`` also keeps it to the cache.
 """
@@ -17,8 +19,8 @@ from . import weights
 from .errors import ElmoError
 from .fileio import atomic_path
 
-# The files a model needs: the native format (training.json: an LM's softmax and vocabulary).
-FILES = [weights.CONFIG_NAME, weights.WEIGHTS_NAME, weights.EXTRA_CONFIG_NAME]
+# The files a model needs: the native format, and for an LM its softmax's description and vocabulary.
+FILES = [weights.CONFIG_NAME, weights.WEIGHTS_NAME, weights.EXTRA_CONFIG_NAME, weights.VOCAB_NAME]
 REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_])(?:@(?P<revision>[\w./-]+))?$")
 CARD_NAME = "README.md"
 CARD_MARK = "<!-- model card written by torchelmo's save_pretrained -->"
@@ -35,26 +37,27 @@ def accepted_names() -> str:
 NOT_FOUND = "no such model directory, and not a published model name"
 
 
-def unknown_model(name: str, why: str = NOT_FOUND) -> ElmoError:
-    return ElmoError(f"{name}: {why}; accepted: {accepted_names()}")
+def unknown_model(name: str, why: str = NOT_FOUND, accepted: str | None = None) -> ElmoError:
+    return ElmoError(f"{name}: {why}; accepted: {accepted or accepted_names()}")
 
 
 def is_repo_id(name: str) -> bool:
     return REPO_ID.match(name) is not None and ".." not in name
 
 
-def resolve(name: str) -> Path:
+def resolve(name: str, accepted: str | None = None) -> Path:
     """The local snapshot directory of Hub model ``name`` (downloaded once, then cached); any
-    name that is not a Hub id gets the error that lists every accepted name."""
+    name that is not a Hub id gets the error that lists every accepted name (``accepted``, by
+    default those of ``BiLM.from_pretrained``)."""
     m = REPO_ID.match(name)
     if m is None or ".." in name:
-        raise unknown_model(name)
+        raise unknown_model(name, accepted=accepted)
     try:
         import huggingface_hub
         from huggingface_hub import errors as hf_errors
     except ImportError:
         raise unknown_model(name, "no such model directory, and loading it from the Hugging Face Hub "
-                                  "needs huggingface_hub: pip install 'torchelmo[hub]'") from None
+                                  "needs huggingface_hub: pip install 'torchelmo[hub]'", accepted) from None
     from . import __version__
     repo, revision = m["repo"], m["revision"]
     offline = os.environ.get("ELMO_OFFLINE", "") not in ("", "0")
@@ -67,7 +70,7 @@ def resolve(name: str) -> Path:
                         f"{revision!r}") from None
     except hf_errors.RepositoryNotFoundError:
         raise unknown_model(name, "no such model directory, and no such (or no accessible) "
-                                  "Hugging Face Hub repository") from None
+                                  "Hugging Face Hub repository", accepted) from None
     except hf_errors.LocalEntryNotFoundError:
         raise ElmoError(f"{name}: no such model directory, and not in the Hugging Face Hub cache while "
                         "the Hub cannot be reached (HF_HUB_OFFLINE, ELMO_OFFLINE or no connection)") from None

@@ -10,8 +10,8 @@ A trained LM is saved as a native model directory that :meth:`BiLM.from_pretrain
 any other (``config.json`` + ``model.safetensors``), with the softmax tensors (``softmax.*``)
 stored beside the biLM's, ``training.json`` describing them, and the output vocabulary
 ``vocab.txt``. :meth:`LanguageModel.from_pretrained` restores the whole LM (to score text or to
-continue training); :meth:`LanguageModel.init_from` starts a new LM from a trained one with a
-new vocabulary (fine-tuning on domain text).
+continue training) from its directory or a Hugging Face Hub id; :meth:`LanguageModel.init_from`
+starts a new LM from a trained one with a new vocabulary (fine-tuning on domain text).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn as nn
 
+from . import hub
 from .bilm import BiLM, Regularisation, State, sequence_dropout
 from .config import ElmoConfig
 from .corpus import Corpus
@@ -39,13 +40,13 @@ from .softmax import (
     softmax_kind,
 )
 from .vocab import Vocabulary
-from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, load_native, save_native
+from .weights import ALIASES, CONFIG_NAME, EXTRA_CONFIG_NAME, REGISTRY, VOCAB_NAME, load_native, save_native
 
-VOCAB_NAME = "vocab.txt"
 LM_CONFIG_NAME = EXTRA_CONFIG_NAME
 DEFAULT_REGULARISATION = Regularisation(dropout=0.1)  # bilm-tf's
 LM_FORMAT = "elmo-lm-1"
 PERPLEXITY_MODES = ("sentence", "stream")
+LM_NAMES = "an LM directory (what elmo train writes, e.g. RUN/best) or a Hugging Face Hub id owner/name[@revision]"
 
 
 @dataclass
@@ -220,17 +221,21 @@ class LanguageModel(nn.Module):
         return out_dir
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, dropout: float | None = None) -> "LanguageModel":
-        """A whole LM saved by :meth:`save_pretrained`."""
-        model_dir = Path(model_dir)
-        meta = read_lm_meta(model_dir)
+    def from_pretrained(cls, name_or_path: str | Path, dropout: float | None = None) -> "LanguageModel":
+        """A whole LM saved by :meth:`save_pretrained`: its directory, or the Hugging Face Hub id
+        ``owner/name[@revision]`` of a repository holding one (a directory of that name wins)."""
+        return cls._from_dir(lm_dir(name_or_path), str(name_or_path), dropout)
+
+    @classmethod
+    def _from_dir(cls, model_dir: Path, name: str, dropout: float | None) -> "LanguageModel":
+        meta = read_lm_meta(model_dir, name)
         vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
         sm = softmax_from_config(meta["softmax"])
         reg = Regularisation(meta.get("dropout", 0.1) if dropout is None else dropout,
                              bool(meta.get("variational_dropout", False)), float(meta.get("weight_drop", 0.0)))
         lm = cls(config, vocab, regularisation=reg, softmax_module=sm)
-        _load_softmax(lm, load_native(lm.bilm, model_dir), model_dir)
+        _load_softmax(lm, load_native(lm.bilm, model_dir), name)
         return lm
 
     @classmethod
@@ -239,16 +244,18 @@ class LanguageModel(nn.Module):
                   regularisation: Regularisation = DEFAULT_REGULARISATION) -> "LanguageModel":
         """A new LM over ``vocab`` starting from a trained model.
 
-        ``source`` is an LM directory (biLM + softmax) or any biLM ``BiLM.from_pretrained`` reads
-        (a published model: its softmax was never released, so a fresh one is initialised). Rows of
+        ``source`` is an LM (directory or Hub id: biLM + softmax) or any biLM ``BiLM.from_pretrained``
+        reads (a published model: its softmax was never released, so a fresh one is initialised). Rows of
         tokens in both vocabularies are copied; a new token starts as the old ``<UNK>`` row with
         the bias lowered by ``log(n_new + 1)``, so the old model's ``<UNK>`` probability is shared
         out among the new tokens and the new ``<UNK>``.
         """
         path = Path(str(source))
+        if not path.is_dir() and hub.is_repo_id(str(source)):
+            path = hub.resolve(str(source))   # an LM or a biLM on the Hub; its files are read once
         is_lm = path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file()
-        old = cls.from_pretrained(path) if is_lm else None
-        bilm = old.bilm if old is not None else BiLM.from_pretrained(source)
+        old = cls._from_dir(path, str(source), None) if is_lm else None
+        bilm = old.bilm if old is not None else BiLM.from_pretrained(path)
         kind = softmax or "auto"
         if kind == "auto" and old is not None:
             kind = softmax_kind(old.softmax)
@@ -273,13 +280,32 @@ def _check_sentences(sentences: Sequence, first: int) -> None:
             raise ElmoError(f"score: sentence {j} is empty")
 
 
-def read_lm_meta(model_dir: Path) -> dict:
-    """The LM description (``training.json``) of a model directory, checked."""
+def lm_dir(name_or_path: str | Path) -> Path:
+    """The local directory of an LM: a directory as given (an existing one wins over a Hub id of
+    the same spelling), or the cached snapshot of a Hub id; anything else is a one-line error."""
+    name = str(name_or_path)
+    path = Path(name)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ElmoError(f"{name}: a file, not an LM directory")
+    if name == "default" or name in REGISTRY or name in ALIASES:
+        raise ElmoError(f"{name}: a biLM without a softmax layer (published models and 'default' have "
+                        f"none); it cannot score text. Train an LM from it with elmo train --init-from {name}")
+    if not hub.is_repo_id(name):
+        raise hub.unknown_model(name, "no such LM directory, and not a Hugging Face Hub id", LM_NAMES)
+    return hub.resolve(name, LM_NAMES)
+
+
+def read_lm_meta(model_dir: Path, name: str | None = None) -> dict:
+    """The LM description (``training.json``) of a model directory, checked; errors name it
+    ``name`` (a Hub id, say) or else its path."""
+    name = name or str(model_dir)
     if not (model_dir / CONFIG_NAME).is_file():
-        raise ElmoError(f"{model_dir}: not a native model directory (no {CONFIG_NAME})")
+        raise ElmoError(f"{name}: not a native model directory (no {CONFIG_NAME})")
     meta_path = model_dir / LM_CONFIG_NAME
     if not meta_path.is_file():
-        raise ElmoError(f"{model_dir}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
+        raise ElmoError(f"{name}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
                         "score text. Train one with `elmo train`, or start from it with --init-from")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -290,15 +316,15 @@ def read_lm_meta(model_dir: Path) -> dict:
     return meta
 
 
-def _load_softmax(lm: LanguageModel, tensors: dict[str, torch.Tensor], model_dir: Path) -> None:
+def _load_softmax(lm: LanguageModel, tensors: dict[str, torch.Tensor], name: str) -> None:
     sm_state = {k[len("softmax."):]: v for k, v in tensors.items() if k.startswith("softmax.")}
     missing = set(lm.softmax.state_dict()) - set(sm_state)
     if missing:
-        raise ElmoError(f"{model_dir}: softmax tensors missing: {', '.join(sorted(missing))}")
+        raise ElmoError(f"{name}: softmax tensors missing: {', '.join(sorted(missing))}")
     try:
         lm.softmax.load_state_dict(sm_state)
     except RuntimeError as e:
-        raise ElmoError(f"{model_dir}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
+        raise ElmoError(f"{name}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
 
 
 def _carry_softmax(old: LanguageModel, new: LanguageModel, source, log) -> None:

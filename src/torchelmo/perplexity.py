@@ -27,7 +27,8 @@ def _run_perplexity(args) -> int:
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("perplexity", help="perplexity of an LM on text (both directions)")
-    p.add_argument("model", help="an LM directory written by elmo train (e.g. RUN/best)")
+    p.add_argument("model", help="the LM: a directory written by elmo train (e.g. RUN/best) or a "
+                                 "Hugging Face Hub id owner/name[@revision]")
     p.add_argument("files", nargs="+", help="files or globs, one sentence per line")
     p.add_argument("--mode", choices=PERPLEXITY_MODES, default="sentence",
                    help="sentence: each sentence from a zero state; stream: the text as contiguous "

@@ -32,6 +32,7 @@ from .fileio import atomic_path
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EXTRA_CONFIG_NAME = "training.json"  # what a model dir holds beyond the biLM (an LM's softmax, vocab)
+VOCAB_NAME = "vocab.txt"             # an LM's output vocabulary
 
 _S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
 REGISTRY: dict[str, dict[str, str | None]] = {

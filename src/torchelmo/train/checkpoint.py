@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .. import hub
 from ..config import ElmoConfig
 from ..errors import ElmoError
 from ..fileio import GuardedWriter, atomic_path, write_error
@@ -200,10 +201,11 @@ def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = 
 
 
 def load_lm(source: str | Path) -> LanguageModel:
-    """An LM from an LM directory (``save_pretrained``) or a training checkpoint file."""
+    """An LM from an LM directory (``save_pretrained``), a training checkpoint file or a Hugging
+    Face Hub id (a local directory or file of that name wins)."""
     path = Path(source)
-    if path.is_dir():
-        return LanguageModel.from_pretrained(path)
+    if path.is_dir() or (not path.exists() and hub.is_repo_id(str(source))):
+        return LanguageModel.from_pretrained(source)
     if not path.is_file():
         raise ElmoError(f"{path}: no such LM directory or checkpoint")
     return lm_from_checkpoint(load_checkpoint(path), path)

@@ -45,7 +45,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="one dropout mask per window, shared over time (default: a mask per step)")
     g.add_argument("--weight-drop", type=float, default=S,
                    help="DropConnect on the LSTM recurrent matrices, as AWD-LSTM (default 0)")
-    g.add_argument("--init-from", default=S, help="start from this model (LM dir, native or published biLM)")
+    g.add_argument("--init-from", default=S, help="start from this model: an LM or a biLM (a directory, a "
+                                              "published name or a Hugging Face Hub id)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=["adagrad", "adam", "sgd"], default=S,
                    help=f"default {d['optimizer']}")
