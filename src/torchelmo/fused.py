@@ -25,6 +25,9 @@ multiplies in fp32, the same numbers up to summation order.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 
 from .lstm import fused_fits
@@ -225,20 +228,62 @@ if triton is not None:
         tl.store(p, tl.where(active, acc, tl.load(p, mask=mn, other=0.0)), mask=mn)
 
 
-def _blocks(B: int, N: int) -> tuple[int, int, int]:
-    """Tile sizes (rows, columns, reduction): at least 16 for tl.dot; not tuned per GPU."""
-    bm = 16 if B <= 16 else 32 if B <= 32 else 64
-    bn = 16 if N <= 16 else 32 if N <= 32 else 64
-    return bm, bn, 32
+class Tiles(NamedTuple):
+    """One kernel's launch shape: rows and columns per program, reduction step, warps."""
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+
+    def grid(self, B: int, N: int) -> tuple[int, int, int]:
+        return (triton.cdiv(B, self.bm), triton.cdiv(N, self.bn), 2)
 
 
-def _grid(B: int, N: int, bm: int, bn: int) -> tuple[int, int, int]:
-    return (triton.cdiv(B, bm), triton.cdiv(N, bn), 2)
+# Program sizes (rows x columns) above which the sm_80 or sm_90 compile spills registers to local
+# memory: a gate-kernel program holds four fp32 accumulators, and exact fp32 keeps its operands
+# in registers too. The same report (benchmarks/kernels.py) shows which gate programs need eight
+# warps: 64-row ones, and from 2048 elements (1024 in exact fp32). Reduction steps of 32 keep every program's shared memory under the
+# 99 KiB consumer Ampere and Ada GPUs allow.
+_CAPS = {"fp32": (1024, 2048), "tf32": (2048, 4096), "bf16": (2048, 4096)}   # gates, projection
+_EIGHT_WARPS = {"fp32": 1024, "tf32": 2048, "bf16": 2048}
+_BK = 32
 
 
-def _warps(bm: int, bn: int) -> int:
-    # The gate kernels hold four bm x bn fp32 accumulators: more warps, fewer registers each.
-    return 8 if bm * bn >= 4096 else 4
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _tiles(B: int, N: int, sms: int, cap: int) -> tuple[int, int]:
+    """The largest tile (at most 64 x 64 and ``cap`` elements; at least 16 x 16 for tl.dot)
+    that still gives the GPU's ``sms`` multiprocessors a program each: a time step is too short
+    for a few big programs to hide their latency. Halving the larger side first keeps the
+    operands' re-reads (rows x N/bn + weights x B/bm) least."""
+    bm, bn = min(64, _pow2(B)), min(64, _pow2(N))
+
+    def halve(bm, bn):
+        return (bm, bn // 2) if bn >= bm and bn > 16 else (bm // 2, bn)
+
+    while bm * bn > cap:
+        bm, bn = halve(bm, bn)
+    while 2 * triton.cdiv(B, bm) * triton.cdiv(N, bn) < sms and (bm > 16 or bn > 16):
+        bm, bn = halve(bm, bn)
+    return bm, bn
+
+
+def launch_tiles(B: int, D: int, P: int, sms: int, precision: str) -> tuple[Tiles, Tiles]:
+    """Tiles of the gate kernels (columns are units, ``D``) and of the projection and recurrent
+    gradient kernels (columns are ``P``), for ``B`` rows on a GPU with ``sms`` multiprocessors."""
+    gate_cap, proj_cap = _CAPS[precision]
+    bm, bd = _tiles(B, D, sms, gate_cap)
+    pm, pn = _tiles(B, P, sms, proj_cap)
+    return Tiles(bm, bd, _BK, 8 if bm == 64 or bm * bd >= _EIGHT_WARPS[precision] else 4), Tiles(pm, pn, _BK, 4)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":   # the interpreter: any count; this one is an H100's
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _flags(precision: str, dtype: torch.dtype) -> dict:
@@ -264,16 +309,15 @@ def _forward(xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision, sav
         gates = c_pre = h_pre = g
         g_dir, g_t = B * D, 0
     flags = _flags(precision, xw.dtype)
-    bm, bd, bk = _blocks(B, D)
-    _, bn, _ = _blocks(B, P)
+    gt, pt = launch_tiles(B, D, P, _sm_count(xw.device), precision)
     cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
     for t in range(T):
-        _gates_fwd[_grid(B, D, bm, bd)](
+        _gates_fwd[gt.grid(B, D)](
             xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
-            CLIP=cell_clip is not None, SAVE=save, BM=bm, BD=bd, BK=bk, num_warps=_warps(bm, bd), **flags)
-        _proj_fwd[_grid(B, P, bm, bn)](
+            CLIP=cell_clip is not None, SAVE=save, BM=gt.bm, BD=gt.bn, BK=gt.bk, num_warps=gt.warps, **flags)
+        _proj_fwd[pt.grid(B, P)](
             g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
-            CLIP=proj_clip is not None, SAVE=save, BM=bm, BN=bn, BK=bk, **flags)
+            CLIP=proj_clip is not None, SAVE=save, BM=pt.bm, BN=pt.bn, BK=pt.bk, num_warps=pt.warps, **flags)
     saved = (xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre) if save else None
     return out, c, h, saved
 
@@ -301,19 +345,19 @@ class FusedRecurrence(torch.autograd.Function):
         dz, dh_pre = torch.empty_like(xw), torch.empty_like(h_pre)
         c0c = c0.contiguous()
         flags = _flags(ctx.precision, xw.dtype)
-        bm, bd, bk = _blocks(B, D)
-        _, bn, _ = _blocks(B, P)
+        gt, pt = launch_tiles(B, D, P, _sm_count(xw.device), ctx.precision)
         cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
         for t in range(T - 1, -1, -1):
             # c_{t-1}: clip(c_pre[t-1]) for rows running at t (they ran at t-1 too), else c0.
             c_prev, c_prev_dir = (c_pre[:, t - 1], T * B * D) if t > 0 else (c0c, B * D)
-            _gates_bwd[_grid(B, D, bm, bd)](
+            _gates_bwd[gt.grid(B, D)](
                 dh, d_out, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
                 t, T, B, D, P, c_prev_dir, cc, pc,
                 CLIP_C=cell_clip is not None, CLIP_P=proj_clip is not None,
-                CLIP_PREV=cell_clip is not None and t > 0, BM=bm, BD=bd, BK=bk,
-                num_warps=_warps(bm, bd), **flags)
-            _rec_bwd[_grid(B, P, bm, bn)](dz, w_h, dh, lengths, t, T, B, D, P, BM=bm, BN=bn, BK=bk, **flags)
+                CLIP_PREV=cell_clip is not None and t > 0, BM=gt.bm, BD=gt.bn, BK=gt.bk,
+                num_warps=gt.warps, **flags)
+            _rec_bwd[pt.grid(B, P)](dz, w_h, dh, lengths, t, T, B, D, P,
+                                    BM=pt.bm, BN=pt.bn, BK=pt.bk, num_warps=pt.warps, **flags)
         # Weight gradients: every step's contribution in one matmul each.
         h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)          # (2, T, B, P)
         d_wh = torch.bmm(h_prev.reshape(2, T * B, P).transpose(1, 2), dz.view(2, T * B, G))
