@@ -9,14 +9,14 @@ Printed and written to JSON (``--out``), all on the same batches in the same pro
 * the GPU's matmul rates (8192^3 fp32 IEEE, TF32, bf16) in TFLOP/s;
 * per model shape (random weights of the published shapes; speed does not depend on values):
   ``embed_sentences`` (char-CNN, both stacks, all layers copied to host numpy) in each precision,
-  tokens/s, executed FLOP/s as a fraction of the matching matmul rate, and the largest absolute
+  launched eagerly and (on CUDA) replayed through CUDA graphs (``+graphs``), tokens/s, executed FLOP/s as a fraction of the matching matmul rate, and the largest absolute
   difference from fp32; then the anchor: ``nn.LSTM(P, D, proj_size=P, bidirectional=True)`` x
   ``n_layers`` (cuDNN, its defaults: TF32 allowed) on the same batches' shapes, LSTM only, fp32
   and bf16;
 * training steps of the small preset (batch 128 x 20, sampled softmax as ``elmo train``) in each
   precision, tokens/s, beside a cuDNN ``nn.LSTM`` training step of the same LSTM shapes;
 * the profile line: one 256-sentence batch, wall time vs GPU-busy time (the union of kernel
-  intervals) and kernels launched.
+  intervals) and kernels launched, eagerly and with CUDA graphs.
 
 Data: UD English EWT train sentences (``--data``: the CoNLL-U file; by default ../shared's copy,
 or ``bench-data/en_ewt-ud-train.conllu`` where ../shared is absent, as on a device machine).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -92,13 +93,20 @@ def anchor_lstm(cfg, device, dtype) -> nn.Module:
     return nn.ModuleList(layers).to(device=device, dtype=dtype)
 
 
-def run_anchor(stack: nn.ModuleList, batches, P: int, device, dtype, grad: bool = False):
-    """The cuDNN stack over packed batches shaped like ours (markers included)."""
-    total = None
+def anchor_inputs(batches, P: int, device, dtype) -> list:
+    """Packed random inputs shaped like our batches (markers included), drawn before timing."""
+    out = []
     for batch in batches:
         lengths = torch.tensor([len(s) + 2 for s in batch])
         x = torch.randn(len(batch), int(lengths.max()), P, device=device, dtype=dtype)
-        h = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out.append(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+    return out
+
+
+def run_anchor(stack: nn.ModuleList, inputs, grad: bool = False):
+    """The cuDNN stack over :func:`anchor_inputs`."""
+    total = None
+    for h in inputs:
         for layer in stack:
             h, _ = layer(h)
         if grad:
@@ -117,8 +125,9 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
     flops = embed_bench.executed_flops(cfg, batches)
     res: dict = {"tokens": n_tok, "executed_gflop": flops / 1e9, "ours": {}, "cudnn": {}}
     ref = None
-    for p in args.precisions:
+    for p, graphs in variants(args.precisions, clock.device):
         model.precision = p
+        os.environ["TORCHELMO_CUDA_GRAPHS"] = "1" if graphs else "0"
         out: list = []
 
         def run():
@@ -126,24 +135,34 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
         t = clock.best(run, args.repeats)
         err = 0.0 if ref is None else max(float(abs(a - b).max()) for a, b in zip(out, ref))
         ref = ref if ref is not None else list(out)
-        res["ours"][p] = {"tokens_per_s": n_tok / t, "seconds": t, "max_abs_diff_vs_fp32": err,
-                          "fraction_of_matmul_rate": flops / t / 1e12 / rates[p]}
+        res["ours"][p + ("+graphs" if graphs else "")] = {
+            "tokens_per_s": n_tok / t, "seconds": t, "max_abs_diff_vs_fp32": err,
+            "fraction_of_matmul_rate": flops / t / 1e12 / rates[p]}
+    os.environ["TORCHELMO_CUDA_GRAPHS"] = "0"
     with torch.no_grad():
         for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             stack = anchor_lstm(cfg, clock.device, dtype)
-            t = clock.best(lambda: run_anchor(stack, batches, cfg.projection_dim, clock.device, dtype),
-                           args.repeats)
+            inputs = anchor_inputs(batches, cfg.projection_dim, clock.device, dtype)
+            t = clock.best(lambda: run_anchor(stack, inputs), args.repeats)
             res["cudnn"][label] = {"tokens_per_s": n_tok / t, "seconds": t}
-    for p, key in (("tf32", "fp32"), ("bf16", "bf16"), ("fp32", "fp32")):
-        if p in res["ours"]:
-            res["ours"][p]["ratio_to_cudnn_" + key] = res["ours"][p]["tokens_per_s"] / res["cudnn"][key]["tokens_per_s"]
-    res["profile"] = profile_batch(model, sentences[:256], clock)
+    for name, v in res["ours"].items():
+        key = "bf16" if name.startswith("bf16") else "fp32"
+        v["ratio_to_cudnn_" + key] = v["tokens_per_s"] / res["cudnn"][key]["tokens_per_s"]
+    res["profile"] = profile_batch(model, sentences[:256], clock, graphs=False)
+    if clock.device.type == "cuda":
+        res["profile_graphs"] = profile_batch(model, sentences[:256], clock, graphs=True)
     return res
 
 
-def profile_batch(model: BiLM, batch, clock: Clock) -> dict:
-    """Wall vs GPU-busy time and kernel count of one batch (fp32)."""
+def variants(precisions, device) -> list[tuple[str, bool]]:
+    """Each precision eagerly, then (on CUDA) each replayed through CUDA graphs."""
+    return [(p, False) for p in precisions] + [(p, True) for p in precisions if device.type == "cuda"]
+
+
+def profile_batch(model: BiLM, batch, clock: Clock, graphs: bool) -> dict:
+    """Wall vs GPU-busy time and kernel count of one batch (fp32), after a warm-up run."""
     model.precision = "fp32"
+    os.environ["TORCHELMO_CUDA_GRAPHS"] = "1" if graphs else "0"
     embed_sentences(model, batch, "all", batch_size=len(batch))
     if clock.device.type != "cuda":
         return {}
@@ -160,6 +179,7 @@ def profile_batch(model: BiLM, batch, clock: Clock) -> dict:
     for s, e in spans:          # union of kernel intervals, in microseconds
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
+    os.environ["TORCHELMO_CUDA_GRAPHS"] = "0"
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy / 1e3, "busy_fraction": busy / 1e6 / wall,
             "kernels": len(spans)}
 
@@ -193,8 +213,8 @@ def train_section(sentences, clock: Clock, args, work: Path) -> dict:
         res["ours"][p] = {"tokens_per_s": rows * unroll / t, "step_ms": t * 1e3}
     stack = anchor_lstm(cfg, clock.device, torch.float32)
     shapes = [[["w"] * (unroll - 2)] * rows]         # + the two markers = unroll positions
-    t = clock.best(lambda: run_anchor(stack, shapes, cfg.projection_dim, clock.device, torch.float32, True),
-                   args.repeats)
+    inputs = anchor_inputs(shapes, cfg.projection_dim, clock.device, torch.float32)
+    t = clock.best(lambda: run_anchor(stack, inputs, grad=True), args.repeats)
     res["cudnn_fp32"] = {"tokens_per_s": rows * unroll / t, "step_ms": t * 1e3}
     return res
 
@@ -232,10 +252,11 @@ def main() -> None:
                   + "".join(f", {v[k]:.2f}x cuDNN {k[-4:]}" for k in v if k.startswith("ratio")))
         for p, v in r["cudnn"].items():
             print(f"embed {name} cuDNN nn.LSTM {p}: {v['tokens_per_s']:,.0f} tokens/s (LSTM only)")
-        if r["profile"]:
-            q = r["profile"]
-            print(f"profile {name}, 256 sentences: {q['wall_ms']:.1f} ms wall, {q['gpu_busy_ms']:.1f} ms "
-                  f"GPU busy ({q['busy_fraction']:.0%}), {q['kernels']} kernels")
+        for key in ("profile", "profile_graphs"):
+            if r.get(key):
+                q = r[key]
+                print(f"{key.replace('_', ' with ')} {name}, 256 sentences: {q['wall_ms']:.1f} ms wall, "
+                      f"{q['gpu_busy_ms']:.1f} ms GPU busy ({q['busy_fraction']:.0%}), {q['kernels']} kernels")
     with tempfile.TemporaryDirectory() as work:
         t = report["train_small"] = train_section(sentences, clock, args, Path(work))
     for p, v in t["ours"].items():

@@ -164,3 +164,78 @@ def test_inference_keeps_nothing_for_backward(monkeypatch):
     assert saves == [False] and out.grad_fn is None
     lstm_layer(layer, x, [3, 2], c0, h0, None, None, fused=True)[0].sum().backward()
     assert saves == [False, True] and layer.w_h.grad is not None
+
+
+@needs_cuda
+def test_cuda_graphs_replay_equals_eager(monkeypatch):
+    from torchelmo import graphs
+
+    torch.manual_seed(0)
+    config = {**_tiny(), "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0}
+    model = BiLM(ElmoConfig(**config), stateful=True).eval().cuda()
+    # The first two share a bucket (16 rows x 8 steps); the third needs a new one.
+    batches = [[["The", "cat", "sat", "."], ["Hello", "!"]],
+               [["One"], ["Two", "more", "words", "here", "now"], ["x"]],
+               [["w"] * (k % 11 + 1) for k in range(20)]]
+
+    def run():
+        model.reset_states()
+        with torch.no_grad():
+            return [model(batch_to_ids(b).cuda()).layers for b in batches]
+    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "0")
+    ref = run()
+    graphs.clear()
+    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
+    got = run()
+    assert len(graphs._graphs) == 2 * model.config.n_layers     # two buckets, per layer
+    for lr, lg in zip(ref, got):
+        for a, b in zip(lg, lr):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # The recorded graphs read weights changed in place: no new graphs, new results.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)
+    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "0")
+    ref = run()
+    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
+    got = run()
+    assert len(graphs._graphs) == 2 * model.config.n_layers
+    for lr, lg in zip(ref, got):
+        for a, b in zip(lg, lr):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    graphs.clear()
+
+
+def test_cuda_graphs_stay_off_where_they_cannot_apply(monkeypatch):
+    from torchelmo import graphs
+
+    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
+    x = torch.zeros(2, 1, 1, 4)
+    assert not graphs.enabled(x)                       # not on CUDA
+    if HAS_CUDA:
+        x = x.cuda()
+        with torch.no_grad():
+            assert graphs.enabled(x)
+        assert not graphs.enabled(x)                   # autograd on
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            assert not graphs.enabled(x)               # autocast on
+
+
+def test_padded_rows_and_steps_change_nothing():
+    # What CUDA graphs rely on to bucket shapes: rows of length 0 and steps past every length,
+    # whatever their inputs hold, leave the real rows' outputs and states as they were.
+    from torchelmo.lstm import lstm_layer_fused
+
+    layer = _layer()
+    lengths, T = [5, 3, 1], 5
+    x, c0, h0 = _inputs(layer, lengths, T, grad=False)
+    with torch.no_grad():
+        ref = lstm_layer_fused(layer, x, torch.tensor(lengths), c0, h0, 0.5, 0.3, layer.w_h, "fp32")
+        xp, cp, hp = _inputs(layer, lengths + [0, 0, 0, 0], T + 3, grad=False)
+        xp.mul_(1e3)                       # large garbage in the padding
+        xp[:, :3, :T], cp[:, :3], hp[:, :3] = x, c0, h0
+        got = lstm_layer_fused(layer, xp, torch.tensor(lengths + [0] * 4), cp, hp, 0.5, 0.3, layer.w_h, "fp32")
+    torch.testing.assert_close(got[0][:, :3, :T], ref[0], rtol=0, atol=1e-6)
+    assert not got[0][:, :, T:].any() and not got[0][:, 3:].any()
+    for a, b in zip(got[1:], ref[1:]):
+        torch.testing.assert_close(a[:, :3], b, rtol=0, atol=1e-6)

@@ -89,6 +89,8 @@ def lstm_layer(
     fused : run the Triton recurrence of :mod:`torchelmo.fused`; default (:func:`use_fused`): on
         CUDA when Triton is installed and the layer fits; ``TORCHELMO_FUSED=0`` turns it off, ``=1``
         forces it (on CPU that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
+        At inference with ``TORCHELMO_CUDA_GRAPHS=1``, it replays as a CUDA graph
+        (:mod:`torchelmo.graphs`).
 
     Returns
     -------
@@ -99,6 +101,9 @@ def lstm_layer(
     if fused is None:
         fused = use_fused(x, layer.lstm_dim)
     if fused:
+        from . import graphs   # CUDA graphs: opt-in, inference only
+        if w_h is layer.w_h and graphs.enabled(x):
+            return graphs.run_layer(layer, x, lengths, c0, h0, cell_clip, proj_clip, precision)
         return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
