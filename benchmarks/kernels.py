@@ -61,7 +61,9 @@ def _signature(fn, constexprs: dict) -> dict:
 def compile_report(fn, constexprs: dict, warps: int, cc: int) -> dict:
     """Compile one kernel for compute capability ``cc``; its resources and matrix instructions."""
     src = ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
+    # FMA contraction as torchelmo.fused launches them.
+    options = {"num_warps": warps, "enable_fp_fusion": True}
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()

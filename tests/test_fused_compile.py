@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
 
 def _report(tmp_path, *args):
     out = tmp_path / "kernels.json"
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_DEFAULT_FP_FUSION": "1"}
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--check", "--out", str(out)],
                           check=False, capture_output=True, text=True, env=env, timeout=600)

@@ -131,6 +131,27 @@ def _check_char_ids(char_ids: torch.Tensor, n_characters: int) -> None:
         raise ElmoError(f"BiLM: char ids must be in 0..{n_characters - 1}, got values in {lo}..{hi}")
 
 
+def _row_order(lengths: torch.Tensor, fused: bool):
+    """How :meth:`BiLM.run_stacks` orders a batch's rows: ``(rows, unsort, lengths to run)``."""
+    if fused:
+        # The fused kernels mask finished rows themselves: no sort, and the lengths stay on the
+        # device (no synchronisation).
+        def same(t: torch.Tensor) -> torch.Tensor:
+            return t
+        return same, same, lengths
+    # Sorted by length once, each step works on a shrinking prefix of the batch.
+    order = torch.argsort(lengths, descending=True, stable=True)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(len(order), device=order.device)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t[:, order]
+
+    def unsort(t: torch.Tensor) -> torch.Tensor:
+        return t[:, inv]
+    return rows, unsort, lengths[order].tolist()
+
+
 class BiLM(nn.Module):
     def __init__(self, config: ElmoConfig, stateful: bool = False,
                  regularisation: Regularisation | None = None, precision: str = "fp32") -> None:
@@ -197,29 +218,11 @@ class BiLM(nn.Module):
         -------
         per layer ``(2, B, T, P)`` outputs (in each direction's reading order), and the final state.
         """
-        B = x.shape[1]
         if state is None:
-            state = self.zero_state(B, x)
+            state = self.zero_state(x.shape[1], x)
         cfg = self.config
         fused = use_fused(x, cfg.lstm_dim)
-        if fused:
-            # The fused kernels mask finished rows themselves: no sort, and the lengths stay on
-            # the device (no synchronisation).
-            def rows(t: torch.Tensor) -> torch.Tensor:
-                return t
-            unsort, run_lengths = rows, lengths
-        else:
-            # Sort rows by length once; each step then works on a shrinking prefix of the batch.
-            order = torch.argsort(lengths, descending=True, stable=True)
-            inv = torch.empty_like(order)
-            inv[order] = torch.arange(B, device=order.device)
-            run_lengths = lengths[order].tolist()
-
-            def rows(t: torch.Tensor) -> torch.Tensor:
-                return t[:, order]
-
-            def unsort(t: torch.Tensor) -> torch.Tensor:
-                return t[:, inv]
+        rows, unsort, run_lengths = _row_order(lengths, fused)
         h_in = rows(x)
         outs, final = [], []
         for k, layer in enumerate(self.layers):
