@@ -151,7 +151,9 @@ def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, preci
     if isinstance(lengths, torch.Tensor):
         lens = lengths.to(device=x.device, dtype=torch.int32)
     else:
-        lens = torch.tensor(lengths, dtype=torch.int32).to(x.device, non_blocking=True)
+        lens = torch.tensor(lengths, dtype=torch.int32)
+        # From pinned memory the copy does not hold up the host (PyTorch keeps the buffer alive).
+        lens = (lens.pin_memory() if x.is_cuda else lens).to(x.device, non_blocking=True)
     out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt), lens,
                                  cell_clip, proj_clip, precision)
     return out.transpose(1, 2), c, h
