@@ -61,3 +61,33 @@ def base_config(tmp_path, data, vocab, **kw):
                threads=1, progress=False)
     cfg.update(kw)
     return TrainConfig(**cfg)
+
+
+def check_stateful_fixture(model_dir, sentences_file, device="cpu", atol=1e-6, batches=10):
+    """The stateful model's top layer against a published fixture's, sentence by sentence, over
+    the first ``batches`` of its 10 batches of 3."""
+    import json
+
+    import h5py
+    import numpy as np
+
+    from torchelmo import BiLM, batch_to_ids
+
+    model = BiLM.from_pretrained(model_dir, stateful=True).to(device)
+    sentences = json.loads((model_dir / sentences_file).read_text())
+    expected = [h5py.File(model_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
+    P = model.config.projection_dim
+    n_checked = 0
+    with torch.no_grad():
+        for i in range(batches):
+            batch = [sentences[k][i].split() for k in range(3)]
+            top = model(batch_to_ids(batch).to(device)).layers[-1].cpu()
+            for k, toks in enumerate(batch):
+                got = top[k, : len(toks)]
+                got = torch.stack([got[:, :P], got[:, P:]]).numpy()
+                want = expected[k][str(i)][...]
+                assert want.shape == got.shape
+                np.testing.assert_allclose(got, want, atol=atol, rtol=1e-5,
+                                           err_msg=f"sentence {k}/{i}")
+                n_checked += 1
+    assert n_checked == 3 * batches

@@ -7,37 +7,22 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import check_stateful_fixture as _check_stateful
 from torchelmo import BiLM, batch_to_ids
 
-
-def _check_stateful(model_dir, sentences_file):
-    model = BiLM.from_pretrained(model_dir, stateful=True)
-    sentences = json.loads((model_dir / sentences_file).read_text())
-    expected = [h5py.File(model_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
-    P = model.config.projection_dim
-    n_checked = 0
-    with torch.no_grad():
-        for i in range(10):
-            batch = [sentences[k][i].split() for k in range(3)]
-            top = model(batch_to_ids(batch)).layers[-1]
-            for k, toks in enumerate(batch):
-                got = top[k, : len(toks)]
-                got = torch.stack([got[:, :P], got[:, P:]]).numpy()
-                want = expected[k][str(i)][...]
-                assert want.shape == got.shape
-                np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5,
-                                           err_msg=f"sentence {k}/{i}")
-                n_checked += 1
-    assert n_checked == 30
+# On CUDA the fused recurrence runs, in exact fp32: within 2e-6 of the fixtures.
+DEVICES = [("cpu", 1e-6)] + ([("cuda", 2e-6)] if torch.cuda.is_available() else [])
 
 
-def test_allennlp_fixture_stateful(allennlp_dir):
-    _check_stateful(allennlp_dir, "sentences.json")
+@pytest.mark.parametrize(("device", "atol"), DEVICES)
+def test_allennlp_fixture_stateful(allennlp_dir, device, atol):
+    _check_stateful(allennlp_dir, "sentences.json", device, atol)
 
 
-def test_bilmtf_fixture_no_skip_connections(bilmtf_dir):
+@pytest.mark.parametrize(("device", "atol"), DEVICES)
+def test_bilmtf_fixture_no_skip_connections(bilmtf_dir, device, atol):
     assert json.loads((bilmtf_dir / "options.json").read_text())["lstm"]["use_skip_connections"] is False
-    _check_stateful(bilmtf_dir, "lm_embeddings_sentences.json")
+    _check_stateful(bilmtf_dir, "lm_embeddings_sentences.json", device, atol)
 
 
 def test_stateless_differs_from_fixture(allennlp_dir):

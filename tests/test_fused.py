@@ -239,3 +239,14 @@ def test_padded_rows_and_steps_change_nothing():
     assert not got[0][:, :, T:].any() and not got[0][:, 3:].any()
     for a, b in zip(got[1:], ref[1:]):
         torch.testing.assert_close(a[:, :3], b, rtol=0, atol=1e-6)
+
+
+def test_published_fixture_through_fused_path(allennlp_dir, monkeypatch):
+    # The fused kernels in exact fp32 (compiled on CUDA, else interpreted) against the original
+    # TensorFlow biLM's outputs, state carried across batches, clipping on.
+    from conftest import check_stateful_fixture
+
+    monkeypatch.setenv("TORCHELMO_FUSED", "1")
+    # The interpreter is slow: there, the first 3 batches (the state carried twice).
+    check_stateful_fixture(allennlp_dir, "sentences.json", DEVICES[0], atol=2e-6,
+                           batches=10 if HAS_CUDA else 3)
