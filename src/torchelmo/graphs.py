@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from .lstm import fused_fits, lstm_layer_fused
+from .lstm import device_lengths, fused_fits, fused_state_dtype, lstm_layer_fused
 
 ROWS, STEPS, MAX_GRAPHS = 16, 8, 32
 _graphs: collections.OrderedDict = collections.OrderedDict()
@@ -34,11 +34,6 @@ def enabled(x: torch.Tensor) -> bool:
     """Whether a fused layer on input ``x`` replays through a graph."""
     return (os.environ.get("TORCHELMO_CUDA_GRAPHS", "0") == "1" and x.is_cuda
             and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cuda"))
-
-
-def _state_dtype(layer) -> torch.dtype:
-    # As the fused path: fp32 state whatever the weights' dtype, fp64 for fp64 weights.
-    return torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
 
 
 def _round_up(n: int, step: int) -> int:
@@ -53,8 +48,8 @@ class LayerGraph:
         D, P = layer.lstm_dim, layer.projection_dim
         self.x = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(B, dtype=torch.int32, device=device)
-        self.c0 = torch.zeros(2, B, D, dtype=_state_dtype(layer), device=device)
-        self.h0 = torch.zeros(2, B, P, dtype=_state_dtype(layer), device=device)
+        self.c0 = torch.zeros(2, B, D, dtype=fused_state_dtype(layer), device=device)
+        self.h0 = torch.zeros(2, B, P, dtype=fused_state_dtype(layer), device=device)
         # References keep the weights' memory from being reused while the graph reads it.
         self.weights = tuple(p.detach() for p in (layer.w_x, layer.w_h, layer.bias, layer.w_p))
         args = (layer, self.x, self.lengths, self.c0, self.h0, cell_clip, proj_clip, layer.w_h, precision)
@@ -73,7 +68,7 @@ class LayerGraph:
     def __call__(self, x, lengths, c0, h0):
         _, B, T, _ = x.shape
         self.x[:, :B, :T].copy_(x)
-        self.lengths[:B].copy_(torch.as_tensor(lengths, dtype=torch.int32))
+        self.lengths[:B].copy_(device_lengths(lengths, self.lengths.device))
         self.lengths[B:].zero_()
         self.c0[:, :B].copy_(c0)
         self.h0[:, :B].copy_(h0)

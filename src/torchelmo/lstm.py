@@ -27,6 +27,8 @@ import os
 import torch
 import torch.nn as nn
 
+from .encoder import copy_to
+
 FORGET_BIAS = 1.0
 
 
@@ -144,19 +146,25 @@ def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, preci
     D = layer.lstm_dim
     # Time-major input products for all steps in one matmul (autograd handles W_x, b and x).
     xt = x.transpose(1, 2).reshape(2, T * B, In)
-    # State and accumulation in fp32 (fp64 for gradient checks), whatever autocast or a
-    # bfloat16 model hands in; reduced precision is the kernels' matmul operands only.
-    dt = torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
+    dt = fused_state_dtype(layer)
     xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
-    if isinstance(lengths, torch.Tensor):
-        lens = lengths.to(device=x.device, dtype=torch.int32)
-    else:
-        lens = torch.tensor(lengths, dtype=torch.int32)
-        # From pinned memory the copy does not hold up the host (PyTorch keeps the buffer alive).
-        lens = (lens.pin_memory() if x.is_cuda else lens).to(x.device, non_blocking=True)
-    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt), lens,
-                                 cell_clip, proj_clip, precision)
+    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt),
+                                 device_lengths(lengths, x.device), cell_clip, proj_clip, precision)
     return out.transpose(1, 2), c, h
+
+
+def fused_state_dtype(layer: BiLstmLayer) -> torch.dtype:
+    """The fused path's state and accumulation dtype: fp32 (fp64 for gradient checks), whatever
+    autocast or a bfloat16 model hands in; reduced precision is the kernels' matmul operands only."""
+    return torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
+
+
+def device_lengths(lengths: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Row lengths as int32 on ``device``, where the fused kernels read them; a list goes over
+    from pinned memory, without holding up the host."""
+    if isinstance(lengths, torch.Tensor):
+        return lengths.to(device=device, dtype=torch.int32)
+    return copy_to(torch.tensor(lengths, dtype=torch.int32), device)
 
 
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
@@ -171,10 +179,7 @@ def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     steps: list[torch.Tensor] = []
     c, h = c0, h0
     w_p = layer.w_p
-    n = B
-    for t in range(T):
-        while n > 0 and lengths[n - 1] <= t:
-            n -= 1
+    for t, n in enumerate(_running_rows(lengths, T)):
         if n == 0:
             break
         h_n = h if n == B else h[:, :n]
