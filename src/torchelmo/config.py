@@ -145,7 +145,7 @@ class ElmoConfig:
                 proj_clip=lstm.get("proj_clip"),
                 use_skip_connections=lstm.get("use_skip_connections", False),
                 char_embed_dim=emb["dim"],
-                filters=_filters(cnn["filters"], source),
+                filters=cnn["filters"],        # checked by __post_init__, re-prefixed below
                 n_highway=0 if cnn.get("n_highway") is None else cnn["n_highway"],
                 activation=cnn.get("activation", "relu"),
                 n_characters=n_chars,
