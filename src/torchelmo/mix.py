@@ -131,7 +131,8 @@ class Elmo(nn.Module):
         table = batch_to_ids([words])[0]
         table[0] = 0                                 # id 0 is padding, whatever word sits there
         self._vocab_char_ids = table.to(self.bilm.device)
-        self.bilm.cache_token_embeddings(words[1:])
+        with torch.no_grad():
+            self.bilm.encoder.build_cache(self._vocab_char_ids[1:])
 
     def forward(self, inputs: torch.Tensor | list[list[str]] | None = None,
                 word_inputs: torch.Tensor | None = None) -> dict:
