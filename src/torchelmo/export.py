@@ -35,6 +35,7 @@ from . import weights
 from .bilm import BiLM
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
 from .errors import ElmoError
+from .lstm import FORGET_BIAS   # the published B leaves the forget gate's 1 out, as bilm-tf does
 from .runtime import add_device_args, apply_device_args
 
 FORMATS = ("onnx", "torchscript")
@@ -44,7 +45,6 @@ OPSET = 17
 # 13: the first opset whose loop-carried tensors the exporter can type; 20: the last the
 # TorchScript-based exporter supports.
 MIN_OPSET, MAX_OPSET = 13, 20
-FORGET_BIAS = 1.0   # added to the forget gate: the published B leaves it out, as bilm-tf does
 
 
 class _LstmLayer(nn.Module):
