@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import warnings
 
@@ -11,6 +10,7 @@ from ..errors import ElmoError
 from ..precision import PRECISIONS
 from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_device, show_progress,
                        show_summary)
+from ..signals import Interrupts
 from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard
 
@@ -127,7 +127,7 @@ def run(args) -> int:
     model = load_model(args, stateful=args.stateful)
     model = model.to(device)
     model.precision = _precision(args)
-    with _cli_signals(), warnings.catch_warnings():
+    with Interrupts(), warnings.catch_warnings():
         warnings.simplefilter("always", ElmoWarning)
         warnings.showwarning = _show_warning
         s = embed_file(model, args.input, args.output, args.layers, pool=args.pool,
@@ -162,23 +162,3 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from tqdm import tqdm
     tqdm.write(f"elmo embed: warning: {message}", file=sys.stderr)
 
-
-class _cli_signals:
-    """SIGTERM unwinds like Ctrl-C, so the temporary output is removed (no OUTPUT is left)."""
-
-    def __enter__(self):
-        self._old = None
-        try:
-            self._old = signal.signal(signal.SIGTERM, self._raise)
-        except ValueError:        # not the main thread
-            pass
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-        return False
