@@ -26,7 +26,7 @@ from .bilm import BiLM
 from .chars import batch_to_ids
 from .errors import ElmoError
 from .mix import Elmo as _Elmo
-from .runtime import resolve_device
+from .runtime import resolve_cuda_device
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Elmo", "ElmoEmbedder", "batch_to_ids"]
 
@@ -65,15 +65,6 @@ class Elmo(_Elmo):
                          scalar_mix_parameters=scalar_mix_parameters, vocab_to_cache=vocab_to_cache)
 
 
-def _device_of(cuda_device: int | str | torch.device) -> torch.device:
-    """AllenNLP's ``cuda_device``: -1 is the CPU, N >= 0 GPU N."""
-    if isinstance(cuda_device, int) and not isinstance(cuda_device, bool):
-        if cuda_device < -1:
-            raise ElmoError(f"cuda_device must be -1 (CPU) or a GPU number, got {cuda_device}")
-        return resolve_device("cpu" if cuda_device == -1 else f"cuda:{cuda_device}", "cuda_device")
-    return resolve_device(str(cuda_device), "cuda_device")
-
-
 class ElmoEmbedder:
     """``allennlp.commands.elmo.ElmoEmbedder``: all layers of a biLM as numpy arrays.
 
@@ -89,7 +80,7 @@ class ElmoEmbedder:
             raise ElmoError("ElmoEmbedder: options_file and weight_file go together")
         if options_file is not None and model is not None:
             raise ElmoError("ElmoEmbedder: give either model or options_file/weight_file, not both")
-        device = _device_of(cuda_device)
+        device = resolve_cuda_device(cuda_device, "cuda_device")
         if options_file is not None:
             self.elmo_bilm = BiLM.from_published(options_file, weight_file, stateful=stateful)
         else:

@@ -62,6 +62,16 @@ def resolve_device(spec: str | None = "auto", option: str = "--device",
     return device
 
 
+def resolve_cuda_device(value: int | str | torch.device, option: str) -> torch.device:
+    """AllenNLP's ``cuda_device``: -1 is the CPU, N >= 0 GPU N (anything not an int is a device
+    spec for :func:`resolve_device`); errors name ``option``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < -1:
+            raise ElmoError(f"{option} must be -1 (CPU) or a GPU number, got {value}")
+        return resolve_device("cpu" if value == -1 else f"cuda:{value}", option)
+    return resolve_device(str(value), option)
+
+
 def set_threads(n: int | None, option: str = "--threads") -> None:
     """``torch.set_num_threads(n)``; None leaves torch's choice."""
     if n is None:

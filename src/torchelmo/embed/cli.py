@@ -8,8 +8,8 @@ import warnings
 from ..bilm import BiLM
 from ..errors import ElmoError
 from ..precision import PRECISIONS
-from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_device, show_progress,
-                       show_summary)
+from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_cuda_device,
+                       show_progress, show_summary)
 from ..signals import Interrupts
 from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard
@@ -101,10 +101,7 @@ def _allennlp_device(args) -> None:
     if args.cuda_device is not None:
         if args.device != "auto":
             raise ElmoError("give either --device or --cuda-device, not both")
-        if args.cuda_device < -1:
-            raise ElmoError(f"--cuda-device must be -1 (CPU) or a GPU number, got {args.cuda_device}")
-        spec = "cpu" if args.cuda_device == -1 else f"cuda:{args.cuda_device}"
-        args.device = str(resolve_device(spec, "--cuda-device"))
+        args.device = str(resolve_cuda_device(args.cuda_device, "--cuda-device"))
     if args.include_sentence_indices and args.no_sentence_index:
         raise ElmoError("--include-sentence-indices contradicts --forget-sentences/--no-sentence-index")
     if args.include_sentence_indices and args.use_sentence_keys:
