@@ -35,7 +35,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELMO_CACHE", Path.home() / ".cache" / "elmo"))
 
 
-def _offline() -> bool:
+def offline_mode() -> bool:
+    """Whether ``ELMO_OFFLINE`` is set (to anything but empty or 0): the cache only, no network."""
     return os.environ.get("ELMO_OFFLINE", "") not in ("", "0")
 
 
@@ -135,7 +136,7 @@ def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str |
     if parsed.scheme not in ("http", "https"):
         raise ElmoError(f"{s}: unsupported URL scheme {parsed.scheme!r}")
     verify = verify or (lambda path: check_content(path, s))
-    offline = _offline() if offline is None else offline
+    offline = offline_mode() if offline is None else offline
     root = Path(cache) if cache is not None else cache_dir()
     key = hashlib.sha256(s.encode()).hexdigest()[:16]
     target = root / f"{key}-{Path(parsed.path).name or 'download'}"

@@ -11,11 +11,11 @@ and ``HF_TOKEN`` apply as everywhere else; ``ELMO_OFFLINE=1`` also keeps it to t
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from . import weights
+from .download import offline_mode
 from .errors import ElmoError
 from .fileio import atomic_path
 
@@ -60,11 +60,10 @@ def resolve(name: str, accepted: str | None = None) -> Path:
                                   "needs huggingface_hub: pip install 'torchelmo[hub]'", accepted) from None
     from . import __version__
     repo, revision = m["repo"], m["revision"]
-    offline = os.environ.get("ELMO_OFFLINE", "") not in ("", "0")
     try:
         path = huggingface_hub.snapshot_download(
             repo, revision=revision, allow_patterns=FILES, library_name="torchelmo",
-            library_version=__version__, local_files_only=offline)
+            library_version=__version__, local_files_only=offline_mode())
     except hf_errors.RevisionNotFoundError:
         raise ElmoError(f"{name}: the Hugging Face Hub repository {repo} has no revision "
                         f"{revision!r}") from None
