@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..runtime import resolve_device
 from .checkpoint import rng_state
 
 
@@ -17,7 +16,6 @@ from .checkpoint import rng_state
 class DistEnv:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -32,16 +30,10 @@ def setup_distributed(device: torch.device) -> DistEnv:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistEnv()
-    env = DistEnv(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    env = DistEnv(int(os.environ["RANK"]), world)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return env
-
-
-def pick_device(spec: str, local_rank: int) -> torch.device:
-    """``auto``: this rank's GPU if there is one, else the CPU; ``cuda`` without an index: this
-    rank's GPU (the rules of every command, :func:`torchelmo.runtime.resolve_device`)."""
-    return resolve_device(spec, "--device", local_rank)
 
 
 def gather_lstm_state(state: list[tuple[torch.Tensor, torch.Tensor]] | None, env: DistEnv

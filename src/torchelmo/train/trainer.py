@@ -6,7 +6,6 @@ import contextlib
 import gc
 import json
 import math
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -21,12 +20,12 @@ from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..lm import LanguageModel
 from ..precision import precision_context
-from ..runtime import set_threads, write
+from ..runtime import resolve_device, set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import MAX_GRAD_ACCUM, TrainConfig
-from .distributed import DistEnv, gather_lstm_state, gather_rng, pick_device, setup_distributed
+from .distributed import DistEnv, gather_lstm_state, gather_rng, setup_distributed
 from .loop import run_loop
 from .metrics import MetricsLog
 
@@ -76,7 +75,8 @@ class Trainer:
         """``resume_from``: the checkpoint ``cfg`` was merged with (:func:`checkpoint.resume_point`)."""
         self.cfg, self.out, self.resumed = cfg, Path(cfg.out_dir), resume_from
         set_threads(cfg.threads)
-        self.device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+        # auto: this rank's GPU if there is one; cuda without an index: this rank's (LOCAL_RANK)
+        self.device = resolve_device(cfg.device, "--device")
         self.env = setup_distributed(self.device)
         self._log = log or write     # through tqdm: a log line never lands on the progress bar
         if cfg.vocab is None:  # built from the training corpus, identically on every rank
