@@ -34,7 +34,6 @@ TRAIN_PRESETS: dict[str, Callable[[], ElmoConfig]] = {
 # Fields that may be changed when resuming (they do not change what is computed, or extend it).
 RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
                       "threads", "progress", "out_dir", "resume", "keep_checkpoints"}
-KEPT_DIR = "checkpoints"
 
 
 @dataclass
