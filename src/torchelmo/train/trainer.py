@@ -80,11 +80,12 @@ class Trainer:
         self.env = setup_distributed(self.device)
         self._log = log or write     # through tqdm: a log line never lands on the progress bar
         if cfg.vocab is None:  # built from the training corpus, identically on every rank
-            vocab = Vocabulary.build(cfg.train)
-            cfg.vocab = str(self.out / "vocab.txt")
+            self.vocab = Vocabulary.build(cfg.train)
+            cfg.vocab = str(self.out / "vocab.txt")   # the run's vocabulary file (resume reads it)
             if self.env.is_main:
-                vocab.save(cfg.vocab)
-        self.vocab = Vocabulary.from_file(cfg.vocab)
+                self.vocab.save(cfg.vocab)
+        else:
+            self.vocab = Vocabulary.from_file(cfg.vocab)
         torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
         if resume_from is not None:
             self.lm = ckpt_io.lm_from_checkpoint(resume_from, self.out / ckpt_io.CHECKPOINT_NAME, self.vocab,
