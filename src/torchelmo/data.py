@@ -278,7 +278,6 @@ class SentenceBatcher:
         self.batch_no = 0                    # next batch of the current pool
         self.position = CorpusPosition()     # after the current pool
         self._pool: list[list[list[str]]] | None = None
-        self._it: Iterator | None = None
 
     @property
     def epoch(self) -> int:
@@ -290,13 +289,12 @@ class SentenceBatcher:
     def load_state_dict(self, state: dict) -> None:
         self.pool_start = CorpusPosition(**state["pool_start"])
         self.pool_no, self.batch_no = state["pool_no"], state["batch_no"]
-        self._pool, self._it = None, None
+        self._pool = None
         self._fill(self.pool_start)
 
     def _fill(self, start: CorpusPosition) -> None:
-        self._it = self.corpus.sentences(start, self.epochs)
         sents, pos = [], start
-        for s, pos in self._it:
+        for s, pos in self.corpus.sentences(start, self.epochs):
             sents.append(s)
             if len(sents) == self.pool_size:
                 break

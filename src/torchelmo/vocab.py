@@ -92,8 +92,7 @@ class Vocabulary:
         return path
 
     @classmethod
-    def build(cls, files: Sequence[str | Path], min_count: int = 1, max_size: int | None = None,
-              progress: bool = False) -> "Vocabulary":
+    def build(cls, files: Sequence[str | Path], min_count: int = 1, max_size: int | None = None) -> "Vocabulary":
         """Count a corpus (streamed) and keep tokens seen ``min_count`` times, most frequent first
         (ties alphabetically); ``max_size`` counts the three special tokens."""
         if max_size is not None and max_size < 3:
