@@ -151,6 +151,9 @@ class StreamBatcher:
         self.exhausted = False
         self._iters: list[Iterator] | None = None
         self._remaining: list[int] = []
+        # sentence_rows of each own row's current sentence (keyed by the sentence object), made
+        # once per sentence rather than once per window it spans
+        self._views: dict[int, tuple[list[str], tuple]] = {}
 
     @property
     def epoch(self) -> int:
@@ -168,6 +171,7 @@ class StreamBatcher:
         self.current, self.consumed = list(state["current"]), list(state["consumed"])
         self.exhausted = state["exhausted"]
         self._iters = None
+        self._views = {}
 
     # -- sources ---------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -233,7 +237,10 @@ class StreamBatcher:
                 k, need = self.consumed[g], self.unroll - len(fi)
                 take = min(need, len(sent) + 1 - k)
                 if g in own:
-                    f_in, f_t, b_in, b_t = sentence_rows(sent, self.vocab)
+                    view = self._views.get(g)
+                    if view is None or view[0] is not sent:
+                        view = self._views[g] = (sent, sentence_rows(sent, self.vocab))
+                    f_in, f_t, b_in, b_t = view[1]
                     fi += f_in[k:k + take]
                     ft += f_t[k:k + take]
                     bi += b_in[k:k + take]
@@ -243,6 +250,7 @@ class StreamBatcher:
                 self.consumed[g] = k + take
                 if self.consumed[g] == len(sent) + 1:
                     self.current[g] = None
+                    self._views.pop(g, None)
             total += len(fi)
             if g in own:
                 rows[g] = (fi, ft, bi, bt)
