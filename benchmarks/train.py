@@ -21,6 +21,7 @@ import torch
 
 from torchelmo.corpus import Corpus
 from torchelmo.data import StreamBatcher
+from torchelmo.bilm import Regularisation
 from torchelmo.lm import LanguageModel
 from torchelmo.softmax import SampledSoftmax
 from torchelmo.train import TRAIN_PRESETS
@@ -72,7 +73,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     vocab = Vocabulary.build([PTB])
-    lm = LanguageModel(TRAIN_PRESETS[args.preset](), vocab, softmax=args.softmax, dropout=0.1).train()
+    lm = LanguageModel(TRAIN_PRESETS[args.preset](), vocab, softmax=args.softmax,
+                       regularisation=Regularisation(dropout=0.1)).train()
     opt = torch.optim.Adagrad(lm.parameters(), lr=0.2, initial_accumulator_value=1.0)
     batches = StreamBatcher(Corpus([PTB], seed=0), vocab, args.batch, 20)
     g_before = sgemm_gflops()

@@ -235,7 +235,7 @@ def test_train_config_types_and_paths(tmp_path, fixture_corpus, capsys):
     one_line_error(capsys, base + ["--out", tmp_path / "r", "--config", listed], str(listed), "got a list")
     for field, value, msg in (("max_steps", "10", "max_steps must be an integer"),
                               ("dropout", True, "dropout must be a finite number"),
-                              ("bf16", "false", "bf16 must be true or false"),
+                              ("variational_dropout", "false", "variational_dropout must be true or false"),
                               ("valid", [1], "valid must be a list of strings")):
         cfg = tmp_path / f"{field}.json"
         cfg.write_text(json.dumps({field: value}))

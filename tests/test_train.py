@@ -16,7 +16,7 @@ from torchelmo.cli import main as cli_main
 from torchelmo.corpus import Corpus
 from torchelmo.errors import ElmoError
 from torchelmo.lm import LanguageModel
-from torchelmo.train import CHECKPOINT_NAME, train
+from torchelmo.train import CHECKPOINT_NAME, TrainConfig, train
 from torchelmo.vocab import Vocabulary
 
 from conftest import base_config, shared_path
@@ -225,7 +225,7 @@ def test_vocab_cli(tmp_path, fixture_corpus, capsys):
 def test_options_sentence_batching_tokens_accum_bf16_adaptive(tmp_path, fixture_corpus):
     data, vocab = fixture_corpus
     for i, kw in enumerate([dict(batching="sentence", batch_tokens=64, grad_accum=2, optimizer="adam"),
-                            dict(bf16=True, softmax="sampled", num_samples=10),
+                            dict(precision="bf16", softmax="sampled", num_samples=10),
                             dict(softmax="adaptive", optimizer="sgd", lr=0.5, epochs=2, max_steps=None)]):
         cfg = base_config(tmp_path / str(i), data, vocab, **kw)
         s = train(cfg, log=lambda s: None)
@@ -278,11 +278,10 @@ def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypa
 
 def test_precision_option(tmp_path, fixture_corpus):
     data, vocab = fixture_corpus
-    assert base_config(tmp_path / "a", data, vocab, bf16=True).precision == "bf16"   # the older spelling
-    with pytest.raises(ElmoError, match="precision must be fp32, tf32, bf16, got 'fp16'"):
+    with pytest.raises(ElmoError, match="precision must be fp32, tf32, bf16, auto, got 'fp16'"):
         base_config(tmp_path / "b", data, vocab, precision="fp16")
-    with pytest.raises(ElmoError, match="bf16 .* contradicts precision tf32"):
-        base_config(tmp_path / "c", data, vocab, bf16=True, precision="tf32")
+    with pytest.raises(ElmoError, match="unknown option bf16"):   # the older spelling is gone
+        TrainConfig.from_dict({"train": [data], "out_dir": str(tmp_path / "c"), "bf16": True})
     # On CPU, tf32 computes in fp32: the same losses as fp32, bit for bit.
     losses = []
     for p in ("fp32", "tf32"):

@@ -17,9 +17,10 @@ the next batch (rows beyond the stored ones start from zero); :meth:`reset_state
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,7 @@ from .config import ElmoConfig
 from .encoder import CharCNNEncoder, copy_to, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer, use_fused
-from .precision import check_precision, precision_context
+from .precision import Precision, check_precision, resolve_precision
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -163,15 +164,43 @@ class BiLM(nn.Module):
         self.stateful = stateful
         self.regularisation = regularisation or Regularisation()   # applied in training mode only
         self._state: State | None = None
+        self._resolved: Precision | None = None
+        self._in_scope = False
         self.precision = precision   # see torchelmo.precision; settable at any time
 
+    # -- precision -------------------------------------------------------------------------------
     @property
     def precision(self) -> str:
+        """``fp32``, ``tf32``, ``bf16`` or ``auto`` (see :mod:`torchelmo.precision`)."""
         return self._precision
 
     @precision.setter
     def precision(self, value: str) -> None:
         self._precision = check_precision(value)
+        self._resolved = None
+
+    def resolved_precision(self) -> Precision:
+        """:attr:`precision` resolved for the model's current device (once per device)."""
+        device = self.device
+        if self._resolved is None or self._resolved.device_type != device.type:
+            self._resolved = resolve_precision(self._precision, device)
+        return self._resolved
+
+    @contextlib.contextmanager
+    def precision_scope(self) -> Iterator[Precision]:
+        """The one place the model's precision is applied: :meth:`forward`, :meth:`run_tokens` and
+        the language model's loss all run inside it. Nested entries (the LM's loss around
+        :meth:`run_tokens`) apply nothing more."""
+        precision = self.resolved_precision()
+        if self._in_scope:
+            yield precision
+            return
+        self._in_scope = True
+        try:
+            with precision.scope():
+                yield precision
+        finally:
+            self._in_scope = False
 
     dropout = property(lambda self: self.regularisation.dropout)
     variational_dropout = property(lambda self: self.regularisation.variational_dropout)
@@ -221,6 +250,7 @@ class BiLM(nn.Module):
         if state is None:
             state = self.zero_state(x.shape[1], x)
         cfg = self.config
+        kernel = self.resolved_precision().kernel
         fused = use_fused(x, cfg.lstm_dim)
         rows, unsort, run_lengths = _row_order(lengths, fused)
         h_in = rows(x)
@@ -233,7 +263,7 @@ class BiLM(nn.Module):
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
             out, c, h = layer(h_in, run_lengths, rows(c0), rows(h0), cfg.cell_clip, cfg.proj_clip,
-                              w_h, self.precision, fused)
+                              w_h, kernel, fused)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)
@@ -248,9 +278,10 @@ class BiLM(nn.Module):
         ``char_ids (U, 50)`` of distinct tokens (-1 at padding): the LM's training input, in which
         each distinct token is encoded once. ``groups``: see :meth:`CharCNNEncoder.encode_tokens`."""
         pad = token_index < 0
-        emb = self.encoder.encode_tokens(char_ids, groups)                    # (U, P)
-        x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
-        return self.run_stacks(x, lengths, state)
+        with self.precision_scope():
+            emb = self.encoder.encode_tokens(char_ids, groups)                    # (U, P)
+            x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
+            return self.run_stacks(x, lengths, state)
 
     # -- public API ------------------------------------------------------------------------------
     def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
@@ -279,7 +310,7 @@ class BiLM(nn.Module):
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 
-        with precision_context(self.precision, device):
+        with self.precision_scope():
             e = self.encoder(ids, plan).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
             x = torch.stack([e, reverse_padded(e, full_len)])       # (2, B, T+2, P)
             init = self._initial_state(B, e) if self.stateful else None

@@ -1,11 +1,13 @@
-"""``elmo info [MODEL]``: what a model is (shapes, parameter counts); ``--list``: the names
-``from_pretrained`` takes (``default``, the published models and their aliases)."""
+"""``elmo info [MODEL]``: what a model is (shapes, parameter counts) and what precision this
+machine runs fast; ``--list``: the names ``from_pretrained`` takes (``default``, the published
+models and their aliases)."""
 
 from __future__ import annotations
 
 import json
 
 from .bilm import BiLM
+from .precision import support_line
 from .weights import ALIASES, REGISTRY
 
 # The embedded default model, from its model card (default_model/MODEL_CARD.md: the training
@@ -60,5 +62,6 @@ def run(args) -> int:
     if str(args.model) == "default":
         print(default_model_line(n))
     print(json.dumps({"model": str(args.model), "parameters": n, "output_dim": model.output_dim,
-                      "layers": model.num_layers, "options": model.config.to_options()}, indent=2))
+                      "layers": model.num_layers, "options": model.config.to_options(),
+                      "machine": support_line()}, indent=2))
     return 0

@@ -86,8 +86,9 @@ def lstm_layer(
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
     w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
         dropped copy serves every step of the window).
-    precision : ``fp32``, ``tf32`` or ``bf16``: the matmuls of the fused CUDA recurrence (the
-        CPU paths compute in fp32).
+    precision : ``fp32``, ``tf32`` or ``bf16``: the matmul operands of the fused CUDA recurrence.
+        The CPU paths compute in fp32 tensors; under bf16 their matmuls round operands to bf16
+        (the model's :meth:`~torchelmo.BiLM.precision_scope`) and the bias is added in fp32.
     fused : run the Triton recurrence of :mod:`torchelmo.fused`; default (:func:`use_fused`): on
         CUDA when Triton is installed and the layer fits; ``TORCHELMO_FUSED=0`` turns it off, ``=1``
         forces it (on CPU that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
@@ -110,9 +111,11 @@ def lstm_layer(
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+    # Under bf16 the bias stays out of the matmul, so it is added in fp32 rather than rounded.
+    fold_bias = precision != "bf16"
     if layer.input_dim + layer.projection_dim <= FUSED_MAX_K:
-        return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
-    return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+        return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
+    return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
 
 
 def fused_fits(T: int, B: int, D: int) -> bool:
@@ -249,25 +252,31 @@ def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
     return bias
 
 
-def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
     """:func:`lstm_layer` without autograd, for narrow layers: one matmul per step over
-    ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row); step t writes ``h_t``
-    straight into ``xh[:, t + 1]``, where the next step reads it."""
+    ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row; ``fold_bias=False``:
+    ``[x_t ; h_{t-1}]``, the bias added by the matmul in fp32); step t writes ``h_t`` straight
+    into ``xh[:, t + 1]``, where the next step reads it."""
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
-    K = In + P + 1
-    w = torch.cat([layer.w_x, w_h, _folded_bias(layer).unsqueeze(1)], dim=1)   # (2, K, 4D)
+    K = In + P + fold_bias
+    bias = _folded_bias(layer).unsqueeze(1)                          # (2, 1, 4D)
+    w = torch.cat([layer.w_x, w_h, bias] if fold_bias else [layer.w_x, w_h], dim=1)   # (2, K, 4D)
     xh = x.new_zeros(2, T + 1, B, K)
     xh[:, :T, :, :In] = x.transpose(1, 2)
     xh[:, 0, :, In:In + P] = h0
-    xh[..., In + P] = 1.0
+    if fold_bias:
+        xh[..., In + P] = 1.0
     z_buf = x.new_empty(2, B, 4 * D)
     for t in range(T):
         n = n_run[t]
         if n == 0:
             break
-        z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
+        if fold_bias:
+            z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
+        else:
+            z = torch.baddbmm(bias.expand(2, n, 4 * D), xh[:, t, :n], w, out=z_buf[:, :n])
         h = xh[:, t + 1, :n, In:In + P]
         torch.bmm(cell(z, n), layer.w_p, out=h)
         if proj_clip is not None:
@@ -278,9 +287,10 @@ def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     return hs[:, 1:].transpose(1, 2), cell.c, h_final
 
 
-def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
     """:func:`lstm_layer` without autograd, for wide layers: the input products of a chunk of
-    steps (``INPUT_CHUNK_BYTES`` of them) in one matmul, then ``h_{t-1} W_h`` added per step."""
+    steps (``INPUT_CHUNK_BYTES`` of them) in one matmul, then ``h_{t-1} W_h`` added per step.
+    ``fold_bias``: as in :func:`lstm_inference_fused`."""
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
@@ -290,9 +300,11 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
     chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
     # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul. Both buffers
     # are reused from chunk to chunk (no fresh 64 MB allocation per chunk).
-    w = torch.cat([layer.w_x, _folded_bias(layer).unsqueeze(1)], dim=1)   # (2, in + 1, 4D)
-    x1 = x.new_empty(2, min(chunk, T) * B, In + 1)
-    x1[..., In] = 1.0
+    bias = _folded_bias(layer).unsqueeze(1)                          # (2, 1, 4D)
+    w = torch.cat([layer.w_x, bias], dim=1) if fold_bias else layer.w_x   # (2, in + 1, 4D) or (2, in, 4D)
+    x1 = x.new_empty(2, min(chunk, T) * B, In + fold_bias)
+    if fold_bias:
+        x1[..., In] = 1.0
     xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D)
     for t0 in range(0, T, chunk):
         n0 = n_run[t0]
@@ -301,7 +313,11 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
         t1 = min(T, t0 + chunk)
         M = (t1 - t0) * n0
         x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
-        xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
+        if fold_bias:
+            xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M])
+        else:
+            xw = torch.baddbmm(bias.expand(2, M, 4 * D), x1[:, :M], w, out=xw_buf[:, :M])
+        xw = xw.view(2, t1 - t0, n0, 4 * D)
         for t in range(t0, t1):
             n = n_run[t]
             if n == 0:

@@ -7,7 +7,7 @@ import warnings
 
 from ..bilm import BiLM
 from ..errors import ElmoError
-from ..precision import PRECISIONS
+from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
 from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_cuda_device,
                        show_progress, show_summary)
 from ..signals import Interrupts
@@ -39,11 +39,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("--max-tokens-per-batch", type=int, default=None,
                    help="cap on rows x longest sentence per batch (default "
                    f"{STATELESS_MAX_TOKENS} when --batch-size is not given either)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="matmul precision: fp32 (default, exact), tf32 or bf16 (reduced-precision "
-                   "matmuls, fp32 state and accumulation); output is float32 either way")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="older spelling of --precision fp32 / bf16")
+    p.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
+                   help=PRECISION_HELP + "; the output is float32 either way")
     p.add_argument("--stateful", action="store_true",
                    help="carry LSTM state from batch to batch (row r of batch i = line i*B + r), "
                    "as the original implementations did")
@@ -123,7 +120,7 @@ def run(args) -> int:
     shard = parse_shard(args.shard) if args.shard else None
     model = load_model(args, stateful=args.stateful)
     model = model.to(device)
-    model.precision = _precision(args)
+    model.precision = args.precision
     with Interrupts(), warnings.catch_warnings():
         warnings.simplefilter("always", ElmoWarning)
         warnings.showwarning = _show_warning
@@ -137,15 +134,6 @@ def run(args) -> int:
         print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "
               f"{s.output} in {s.seconds:.1f}s ({rate:,.0f} tokens/s)", file=sys.stderr)
     return 0
-
-
-def _precision(args) -> str:
-    if args.dtype is None:
-        return args.precision or "fp32"
-    implied = "bf16" if args.dtype == "bfloat16" else "fp32"
-    if args.precision not in (None, implied):
-        raise ElmoError(f"--dtype {args.dtype} contradicts --precision {args.precision}")
-    return implied
 
 
 def run_merge(args) -> int:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import ElmoError
+from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, apply_device_args, show_progress, show_summary
 
 DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
@@ -46,6 +47,7 @@ def add_subcommand(sub) -> None:
                        help="seed of the random-weights control model (default 0)")
         q.add_argument("--seed", type=int, default=0, help="seed of the probes' training (default 0)")
         add_device_args(q)
+        q.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32", help=PRECISION_HELP)
         q.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per biLM batch")
         q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
         add_quiet_args(q)
@@ -148,7 +150,7 @@ def _run(args, tasks: list[str]) -> int:
 
     device = apply_device_args(args)
     cache = args.cache or default_cache_dir()
-    model = BiLM.from_pretrained(args.model).to(device).eval()
+    model = BiLM.from_pretrained(args.model, precision=args.precision).to(device).eval()
     models = {"trained": model}
     if not args.no_control:
         models["control_random"] = random_like(model, args.control_seed)
@@ -156,7 +158,8 @@ def _run(args, tasks: list[str]) -> int:
     results = load_results(results_path)
     results["model"] = {"path": str(args.model), "fingerprint": model_fingerprint(model),
                         "parameters": sum(p.numel() for p in model.parameters()),
-                        "options": model.config.to_options(), "control_seed": args.control_seed}
+                        "options": model.config.to_options(), "control_seed": args.control_seed,
+                        "precision": model.resolved_precision().name}
     for task in tasks:
         t0 = time.time()
         results[task] = {"pos": _pos, "wsd": _wsd, "ner": _ner}[task](args, models, cache)

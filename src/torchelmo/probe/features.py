@@ -35,8 +35,12 @@ Span = tuple[int, int, int]  # (sentence index, start token, end token exclusive
 
 
 def model_fingerprint(bilm: BiLM) -> str:
-    """SHA-256 (16 hex digits) over the config and every parameter and buffer, in order."""
+    """SHA-256 (16 hex digits) over the config and every parameter and buffer, in order, and the
+    precision when it is not fp32 (reduced-precision features are other features)."""
     h = hashlib.sha256(json.dumps(bilm.config.to_options(), sort_keys=True).encode())
+    precision = bilm.resolved_precision().name
+    if precision != "fp32":
+        h.update(f"precision={precision}".encode())
     for name, t in bilm.state_dict().items():
         if "cache" in name:  # token-embedding caches are derived data, not weights
             continue
@@ -179,5 +183,5 @@ def _open(path: Path) -> Features:
 def random_like(bilm: BiLM, seed: int = 0) -> BiLM:
     """The control: the same architecture with freshly initialised (untrained) weights."""
     torch.manual_seed(seed)
-    model = BiLM(bilm.config).to(bilm.device)
+    model = BiLM(bilm.config, precision=bilm.precision).to(bilm.device)
     return model.eval()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ElmoError
-from ..precision import PRECISIONS
+from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
 from .checkpoint import resume_point
 from .config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
@@ -59,10 +59,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--clip-norm", type=float, default=S, help=f"default {d['clip_norm']}")
     g.add_argument("--grad-accum", type=int, default=S,
                    help="micro-batches per step (same global batch, less memory; default 1)")
-    g.add_argument("--precision", choices=PRECISIONS, default=S,
-                   help="fp32 (default, exact), tf32 or bf16: reduced-precision matmuls (bf16 autocast "
-                   "and bf16 operands in the fused CUDA recurrence), fp32 state and accumulation")
-    g.add_argument("--bf16", action="store_true", default=S, help="the older spelling of --precision bf16")
+    g.add_argument("--precision", choices=PRECISION_CHOICES, default=S,
+                   help=PRECISION_HELP + "; parameters and optimizer state stay fp32")
     g.add_argument("--seed", type=int, default=S, help=f"initialisation and data order (default {d['seed']})")
     g.add_argument("--max-steps", type=int, default=S, help="stop after this many optimiser steps")
     g.add_argument("--epochs", type=int, default=S, help="stop after this many passes over --train")

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..bilm import Regularisation
 from ..config import ElmoConfig, preset
 from ..errors import ElmoError
-from ..precision import PRECISIONS
+from ..precision import CHOICES as PRECISION_CHOICES
 from ..softmax import KINDS as SOFTMAX_KINDS
 
 SOFTMAX_CHOICES = ("auto", *SOFTMAX_KINDS)
@@ -61,8 +61,7 @@ class TrainConfig:
     lr_decay: float = 1.0                  # multiply the lr by this when validation does not improve
     lr_schedule: str = "constant"          # constant | linear | cosine (to 0 at max_steps)
     warmup_steps: int = 0                  # linear warm-up from 0 over this many steps
-    bf16: bool = False                     # the older spelling of precision = "bf16"
-    precision: str = "fp32"                # fp32 | tf32 | bf16 (see torchelmo.precision)
+    precision: str = "fp32"                # fp32 | tf32 | bf16 | auto (see torchelmo.precision)
     seed: int = 0
     grad_accum: int = 1
     max_steps: int | None = None
@@ -100,12 +99,8 @@ class TrainConfig:
         if self.softmax not in SOFTMAX_CHOICES:
             raise bad(f"softmax must be {', '.join(SOFTMAX_CHOICES[:-1])} or {SOFTMAX_CHOICES[-1]}, "
                       f"got {self.softmax!r}")
-        if self.precision not in PRECISIONS:
-            raise bad(f"precision must be {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.bf16:
-            if self.precision not in ("fp32", "bf16"):
-                raise bad(f"bf16 (the older spelling of precision bf16) contradicts precision {self.precision}")
-            self.precision = "bf16"
+        if self.precision not in PRECISION_CHOICES:
+            raise bad(f"precision must be {', '.join(PRECISION_CHOICES)}, got {self.precision!r}")
         if self.batching not in ("stream", "sentence"):
             raise bad(f"batching must be stream or sentence, got {self.batching!r}")
         if self.eval_mode not in ("stream", "sentence"):

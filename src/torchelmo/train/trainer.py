@@ -19,7 +19,6 @@ from ..data import SentenceBatcher, StreamBatcher
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..lm import LanguageModel
-from ..precision import precision_context
 from ..runtime import resolve_device, set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
@@ -94,7 +93,7 @@ class Trainer:
             self.lm = build_lm(cfg, self.vocab, self.log)
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
-        self.lm.bilm.precision = cfg.precision
+        self.lm.bilm.precision = cfg.precision   # applied by the model, once per step and evaluation
         self.optimizer = make_optimizer(cfg, self.lm.parameters())
         self.batcher = make_batcher(cfg, self.vocab, self.env)
         self.state = None            # carried LSTM state (stream batching)
@@ -180,9 +179,8 @@ class Trainer:
             sampler = torch.Generator().manual_seed(micro_seed(cfg.seed * 1_000_003, self.step, i))
             sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
             with sync:
-                with precision_context(cfg.precision, self.device):
-                    sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler,
-                                             b.groups)
+                sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler,
+                                         b.groups)
                 loss = 0.5 * sums.float().sum() * (env.world_size / n_global)
                 loss.backward()
             local += sums.detach().double().cpu()

@@ -1,0 +1,193 @@
+"""Precision: bf16 on the CPU computes what it promises (bf16 operands, fp32 accumulation, bias,
+state and gates), ``auto`` picks by the hardware, and the model applies its precision exactly once
+on every path (inference, training step, validation)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from conftest import base_config
+from torchelmo import BiLM, batch_to_ids, preset
+from torchelmo import precision as precision_mod
+from torchelmo.cli import main
+from torchelmo.lm import LanguageModel
+from torchelmo.lstm import BiLstmLayer, lstm_layer
+from torchelmo.precision import Precision, resolve_precision
+from torchelmo.train import train
+
+AMX = precision_mod.cpu_bf16_support() == "amx"
+
+
+def rounded(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands):
+    """One direction-stacked layer in float64, step by step; every matmul operand rounded to
+    bfloat16 when ``round_operands`` (the bias, state, gates and clips exact)."""
+    r = rounded if round_operands else (lambda t: t.double())
+    _, B, T, _ = x.shape
+    D, P = layer.lstm_dim, layer.projection_dim
+    out = torch.zeros(2, B, T, P, dtype=torch.float64)
+    for d in range(2):
+        for b in range(B):
+            c, h = torch.zeros(D, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
+            for t in range(lengths[b]):
+                z = r(x[d, b, t]) @ r(layer.w_x[d]) + r(h) @ r(layer.w_h[d]) + layer.bias[d].double()
+                i, j, f, o = z.split(D)
+                c = (torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)).clamp(-cell_clip, cell_clip)
+                h = (r(torch.sigmoid(o) * torch.tanh(c)) @ r(layer.w_p[d])).clamp(-proj_clip, proj_clip)
+                out[d, b, t] = h
+    return out
+
+
+# Shapes where every matmul, even of one running row, is over PyTorch's 16^3 multiply-adds below
+# which a CPU matmul stays fp32 whatever the math mode.
+@pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", [(24, 48, 64), (320, 48, 256)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_bf16_recurrence_is_fp32_arithmetic_on_bf16_operands(input_dim, lstm_dim, proj_dim, grad):
+    # Narrow (one matmul per step) and wide (chunked input products) inference paths, and the
+    # autograd path of training. With AMX, bf16 equals fp32 arithmetic on bf16-rounded operands;
+    # without it, oneDNN computes bf16 requests in fp32, and so must the model.
+    torch.manual_seed(0)
+    layer = BiLstmLayer(input_dim, lstm_dim, proj_dim)
+    with torch.no_grad():
+        layer.bias.normal_(0.0, 0.5)
+    lengths = [7, 5, 2]
+    x = torch.randn(2, 3, 7, input_dim)
+    for b, n in enumerate(lengths):
+        x[:, b, n:] = 0.0
+    c0, h0 = torch.zeros(2, 3, lstm_dim), torch.zeros(2, 3, proj_dim)
+    with torch.set_grad_enabled(grad), resolve_precision("bf16", "cpu").scope():
+        out, _, _ = lstm_layer(layer, x.requires_grad_(grad), lengths, c0, h0, 3.0, 3.0, precision="bf16")
+    out = out.detach().double()
+    want = reference_layer(layer, x.detach(), lengths, 3.0, 3.0, round_operands=AMX)
+    assert (out - want).abs().max() < 1e-5
+    # bf16 is really in effect (or really not, without AMX): fp32 arithmetic is measurably elsewhere.
+    exact = reference_layer(layer, x.detach(), lengths, 3.0, 3.0, round_operands=False)
+    assert ((out - exact).abs().max() > 1e-3) == AMX
+
+
+def test_scope_sets_and_restores_the_cpu_math_mode():
+    mkl = torch.backends.mkldnn
+    before = mkl.matmul.fp32_precision, mkl.conv.fp32_precision
+    with Precision("bf16", "cpu").scope():
+        assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == ("bf16", "bf16")
+        with Precision("fp32", "cpu").scope():
+            assert mkl.matmul.fp32_precision == "ieee"
+        assert mkl.matmul.fp32_precision == "bf16"
+    assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == before
+
+
+def test_auto_follows_the_hardware(monkeypatch):
+    assert resolve_precision("auto", "cpu").name == ("bf16" if AMX else "fp32")
+    assert resolve_precision("auto", "cuda").name == "fp32"
+    for kind, want in (("amx", "bf16"), ("avx512_bf16", "fp32"), ("none", "fp32")):
+        monkeypatch.setattr(precision_mod, "cpu_bf16_support", lambda kind=kind: kind)
+        assert resolve_precision("auto", "cpu").name == want
+        assert kind.split("_")[0].upper() in precision_mod.support_line() or kind == "none"
+    # Asking for bf16 where it cannot be faster warns once, in one line, and still runs bf16.
+    precision_mod._warn_slow_bf16.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert resolve_precision("bf16", "cpu").name == "bf16"
+        resolve_precision("bf16", "cpu")
+    assert [w.category for w in seen] == [precision_mod.PrecisionWarning]
+    assert "no bfloat16 units" in str(seen[0].message) and "\n" not in str(seen[0].message)
+    precision_mod._warn_slow_bf16.cache_clear()
+
+
+def test_cpu_support_respects_onednn_isa_ceiling(monkeypatch):
+    monkeypatch.setattr(precision_mod, "_cpu_flags", lambda: {"avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(precision_mod, "_amx_usable", lambda: True)
+    for isa, want in (("", "amx"), ("AVX512_CORE_BF16", "avx512_bf16"), ("AVX512_CORE", "none"),
+                      ("AVX2", "none")):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        precision_mod.cpu_bf16_support.cache_clear()
+        assert precision_mod.cpu_bf16_support() == want, isa
+    precision_mod.cpu_bf16_support.cache_clear()
+
+
+class ScopeCounter:
+    """Counts entries into :meth:`Precision.scope` and records the CPU math mode seen by the
+    softmax (the LM's last matmul)."""
+
+    def __init__(self, monkeypatch, lm: LanguageModel | None = None) -> None:
+        self.entries, self.softmax_modes = 0, []
+        real = Precision.scope
+
+        def counted(p):
+            self.entries += 1
+            return real(p)
+        monkeypatch.setattr(Precision, "scope", counted)
+        if lm is not None:
+            nll = lm.softmax.nll
+
+            def watched(*a, **kw):
+                self.softmax_modes.append(torch.backends.mkldnn.matmul.fp32_precision)
+                return nll(*a, **kw)
+            monkeypatch.setattr(lm.softmax, "nll", watched)
+
+
+def test_precision_is_applied_once_per_forward(monkeypatch):
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny"), precision="bf16").eval()
+    counter = ScopeCounter(monkeypatch)
+    with torch.no_grad():
+        model(batch_to_ids([["a", "b"], ["c"]]))
+    assert counter.entries == 1
+    assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # restored after
+
+
+def test_precision_is_applied_once_per_training_step_and_validation(tmp_path, fixture_corpus, monkeypatch):
+    data, vocab = fixture_corpus
+    import torchelmo.train.trainer as trainer_mod
+
+    counters = []
+    build = trainer_mod.build_lm
+
+    def build_and_watch(*a, **kw):
+        lm = build(*a, **kw)
+        counters.append(ScopeCounter(monkeypatch, lm))
+        return lm
+    monkeypatch.setattr(trainer_mod, "build_lm", build_and_watch)
+    cfg = base_config(tmp_path, data, vocab, precision="bf16", max_steps=4, eval_every=2,
+                      valid=[str(data)], eval_batch_size=64, softmax="sampled", num_samples=20)
+    train(cfg, log=lambda s: None)
+    counter = counters[0]
+    # Each LM call enters the scope once: 4 steps, and one call per validation batch.
+    assert counter.entries == len(counter.softmax_modes) > 4
+    assert set(counter.softmax_modes) == {"bf16"}
+
+
+def test_bf16_training_resumes_exactly(tmp_path, fixture_corpus):
+    data, vocab = fixture_corpus
+    kw = dict(precision="bf16", softmax="sampled", num_samples=20, dropout=0.1, checkpoint_every=3)
+    train(base_config(tmp_path / "straight", data, vocab, max_steps=8, **kw), log=lambda s: None)
+    train(base_config(tmp_path / "split", data, vocab, max_steps=3, **kw), log=lambda s: None)
+    train(base_config(tmp_path / "split", data, vocab, max_steps=8, resume=True, **kw), log=lambda s: None)
+    a = LanguageModel.from_pretrained(tmp_path / "straight" / "run" / "model").state_dict()
+    b = LanguageModel.from_pretrained(tmp_path / "split" / "run" / "model").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = json.loads((tmp_path / "split" / "run" / "train_config.json").read_text())
+    assert cfg["precision"] == "bf16"
+    # Parameters and optimizer state stay fp32 under bf16.
+    assert all(v.dtype == torch.float32 for v in a.values() if v.is_floating_point())
+
+
+def test_cli_precision_choices(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n")
+    for p in ("auto", "bf16"):
+        assert main(["embed", str(src), str(tmp_path / f"{p}.hdf5"), "--top", "--precision", p]) == 0
+    with pytest.raises(SystemExit):
+        main(["embed", str(src), str(tmp_path / "x.hdf5"), "--dtype", "bfloat16"])
+    capsys.readouterr()
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    machine = json.loads(out[out.index("{"):])["machine"]
+    assert machine.startswith("precision: CPU") and ("auto picks bf16" in machine) == AMX
