@@ -289,3 +289,25 @@ def test_precision_option(tmp_path, fixture_corpus):
         rows = (tmp_path / p / "run" / "metrics.jsonl").read_text().splitlines()
         losses.append([json.loads(x)["loss"] for x in rows if "loss" in json.loads(x)])
     assert losses[0] == losses[1] and losses[0]
+
+
+def test_time_limit_stops_with_a_checkpoint_and_resume_continues_exactly(tmp_path, fixture_corpus):
+    data, vocab = fixture_corpus
+    kw = dict(softmax="sampled", num_samples=20, dropout=0.1, lr_schedule="cosine", max_steps=6)
+    train(base_config(tmp_path / "straight", data, vocab, **kw), log=lambda s: None)
+    logs = []
+    s = train(base_config(tmp_path / "chunked", data, vocab, time_limit=1e-9, **kw), log=logs.append)
+    run = tmp_path / "chunked" / "run"
+    assert s["stopped"] == "time_limit" and s["steps"] == 1
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"] == 1
+    assert not (run / "model").exists() and any("continue with --resume" in m for m in logs)
+    for _ in range(2):   # two more chunks of one step each, then the rest
+        assert train(base_config(tmp_path / "chunked", data, vocab, time_limit=1e-9, resume=True, **kw),
+                     log=lambda s: None)["steps"] in (2, 3)
+    assert "stopped" not in train(base_config(tmp_path / "chunked", data, vocab, resume=True, **kw),
+                                  log=lambda s: None)
+    a = LanguageModel.from_pretrained(tmp_path / "straight" / "run" / "model").state_dict()
+    b = LanguageModel.from_pretrained(run / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ElmoError, match="time_limit must be a positive number"):
+        base_config(tmp_path / "bad", data, vocab, time_limit=0)

@@ -79,6 +79,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-checkpoints", type=int, default=S, metavar="N",
                    help="also keep the last N checkpoints in OUT/checkpoints/ (to average with elmo average)")
     g.add_argument("--patience", type=int, default=S, help="early stopping after N evaluations without improvement")
+    g.add_argument("--time-limit", type=float, default=S, metavar="MINUTES",
+                   help="train this long, then write a checkpoint and stop without finishing the run "
+                        "(continue it with --resume): for chunked training")
     add_device_args(g, suppress=True)
     g.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="log lines instead of a progress bar (for log files)")

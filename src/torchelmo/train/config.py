@@ -33,7 +33,7 @@ TRAIN_PRESETS: dict[str, Callable[[], ElmoConfig]] = {
 
 # Fields that may be changed when resuming (they do not change what is computed, or extend it).
 RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
-                      "threads", "progress", "out_dir", "resume", "keep_checkpoints"}
+                      "threads", "progress", "out_dir", "resume", "keep_checkpoints", "time_limit"}
 
 
 @dataclass
@@ -73,6 +73,7 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 0              # also keep the last N checkpoints in checkpoints/ (for elmo average)
     patience: int | None = None            # early stopping: evaluations without improvement
+    time_limit: float | None = None        # minutes for this invocation; then checkpoint and stop (--resume goes on)
     init_from: str | None = None
     threads: int | None = None
     device: str = "auto"
@@ -119,6 +120,8 @@ class TrainConfig:
         if self.grad_accum > MAX_GRAD_ACCUM:
             raise bad(f"grad_accum must be at most {MAX_GRAD_ACCUM} (each micro-batch of a step draws "
                       f"from its own seeded generator), got {self.grad_accum}")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise bad(f"time_limit must be a positive number of minutes, got {self.time_limit!r}")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:
             raise bad(f"keep_checkpoints must be a non-negative integer, got {self.keep_checkpoints!r}")
         if self.max_steps is not None and self.max_steps < 0:

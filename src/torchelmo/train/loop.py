@@ -61,6 +61,7 @@ def run_loop(t: Trainer) -> dict:
     bar = _progress_bar(t)
     window, stopped_early, last_eval = _Window(), False, None
     should_stop = lambda: cfg.max_steps is not None and t.step >= cfg.max_steps  # noqa: E731
+    deadline = None if cfg.time_limit is None else time.monotonic() + 60.0 * cfg.time_limit
     try:
         while not should_stop():
             t0 = time.perf_counter()
@@ -87,18 +88,41 @@ def run_loop(t: Trainer) -> dict:
             if stopped_early:
                 t.log(f"early stopping at step {t.step}: no improvement in {cfg.patience} evaluations")
                 break
+            if deadline is not None and not should_stop() and _past(t, deadline):
+                if window.tokens:
+                    _log_window(t, window, metrics, bar)
+                if t.last_checkpoint_step != t.step:
+                    t.save_checkpoint()
+                t.log(f"time limit of {cfg.time_limit:g} min reached at step {t.step}: checkpoint written; "
+                      "continue with --resume")
+                return _summary(t, n_params, last_eval, stopped="time_limit")
         last_eval = _finish(t, metrics, last_eval)
     finally:
         if bar is not None:
             bar.close()
         if metrics is not None:
             metrics.close()
+    return _summary(t, n_params, last_eval)
+
+
+def _summary(t: Trainer, n_params: int, last_eval: dict | None, stopped: str | None = None) -> dict:
+    p = t.progress
     summary = {"steps": t.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
                "parameters": n_params, "best_valid_ppl_mean": None if math.isinf(p.best) else p.best,
                "valid": last_eval, "out_dir": str(t.out)}
-    t.log(f"done: {json.dumps(summary)}")
+    if stopped:
+        summary["stopped"] = stopped
+    t.log(f"{'stopped' if stopped else 'done'}: {json.dumps(summary)}")
     return summary
 
+
+def _past(t: Trainer, deadline: float) -> bool:
+    """Whether the deadline has passed, as rank 0 sees it (every rank stops at the same step)."""
+    late = [time.monotonic() >= deadline]
+    if t.env.active:
+        import torch.distributed as dist
+        dist.broadcast_object_list(late, src=0)
+    return late[0]
 
 def _finish(t: Trainer, metrics: MetricsLog | None, last_eval: dict | None) -> dict | None:
     """A final validation and checkpoint, and the model directories (rank 0)."""
