@@ -1,0 +1,192 @@
+"""The science biLM: the published-small shapes trained here on the open corpus, in chunks, with
+its record kept whole in results/science/record.json.
+
+    .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
+    .venv/bin/python scripts/science.py record                  # rewrite the record from the run
+
+The run lives outside the checkout (``../runs``, beside ``../shared``): a session's work tree is
+laid anew, the machine's other files are kept. Steps of ``train``:
+
+1. The corpus (``scripts/prepare_corpus.py ../runs/corpus``) and the vocabulary (``elmo vocab``,
+   tokens seen at least ``MIN_COUNT`` times), once.
+2. ``elmo train --config configs/science/small.json --resume --time-limit MINUTES``: continues the
+   run exactly where its last checkpoint left it and stops cleanly after MINUTES with a checkpoint.
+   The output is appended to RUN/train.log.
+3. The chunk (start and end step, tokens, wall time, machine, threads, precision, the last
+   validation) is appended to RUN/chunks.jsonl; a validation that happened in the chunk has its
+   ``best/`` model copied to RUN/milestones/ (the models the probes compare along the way).
+4. The record is rewritten.
+
+Budget, fixed before the run (the config's ``max_steps`` and its cosine schedule follow from it):
+see ``BUDGET`` below and docs/science.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "science" / "small.json"
+RECORD = ROOT / "results" / "science" / "record.json"
+CORPUS = ROOT.parent / "runs" / "corpus"
+MIN_COUNT = 3
+BUDGET = {
+    "tokens": 80_000_000,          # per direction: max_steps x 128 rows x 20 steps = 31,250 x 2,560
+    "hours_estimate": 12,          # at the 1,900 tokens/s measured before the start (2 threads, fp32)
+    "validation_every_tokens": 10_000_000,
+    # fp32: on this run's shapes (128 rows, adaptive softmax) bf16 trained no faster, measured side
+    # by side before the start (2 threads: fp32 1,956 / 1,811 tokens/s, bf16 1,948 / 1,819).
+    "precision": "fp32",
+}
+
+
+def config() -> dict:
+    return json.loads(CONFIG.read_text(encoding="utf-8"))
+
+
+def run_dir(cfg: dict) -> Path:
+    return (ROOT / cfg["out_dir"]).resolve()
+
+
+def sh(cmd: list[str], log: Path | None = None) -> None:
+    """Run ``cmd`` from the repository root, echoing (and appending to ``log``) its output."""
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(log, "a", encoding="utf-8") if log else open(os.devnull, "w") as f:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            f.write(line)
+            f.flush()
+    if proc.wait() != 0:
+        sys.exit(f"science.py: {' '.join(cmd[:4])} failed (exit {proc.returncode})")
+
+
+def prepare(cfg: dict) -> None:
+    if not (CORPUS / "counts.json").is_file():
+        sh([sys.executable, "scripts/prepare_corpus.py", str(CORPUS)])
+    vocab = ROOT / cfg["vocab"]
+    if not vocab.is_file():
+        vocab.parent.mkdir(parents=True, exist_ok=True)
+        sh([sys.executable, "-m", "torchelmo.cli", "vocab", *cfg["train"], "-o", cfg["vocab"],
+            "--min-count", str(MIN_COUNT)])
+
+
+def machine(threads: int | None) -> str:
+    import torch
+    from torchelmo.precision import cpu_bf16_support
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()}-core {cpu} (bf16: {cpu_bf16_support()}), torch {torch.__version__.split('+')[0]}, "
+            f"{threads or 'default'} threads")
+
+
+def checkpoint_progress(run: Path) -> dict:
+    """Step, tokens and training seconds of the run's last checkpoint (zeros before the first)."""
+    path = run / "checkpoint.pt"
+    if not path.is_file():
+        return {"step": 0, "tokens": 0, "seconds": 0.0}
+    import torch
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return {"step": ckpt["step"], "tokens": ckpt["tokens_seen"], "seconds": round(ckpt["elapsed"], 1)}
+
+
+def validations(run: Path) -> list[dict]:
+    out = []
+    path = run / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if "valid_ppl_mean" in e:
+                out.append(e)
+    return out
+
+
+def train(args) -> int:
+    cfg = config()
+    prepare(cfg)
+    run = run_dir(cfg)
+    run.mkdir(parents=True, exist_ok=True)
+    before, n_valid = checkpoint_progress(run), len(validations(run))
+    started, t0 = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    cmd = [sys.executable, "-m", "torchelmo.cli", "train", "--config", os.path.relpath(CONFIG, ROOT), "--resume",
+           "--time-limit", str(args.minutes)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    sh(cmd, log=run / "train.log")
+    after, valid = checkpoint_progress(run), validations(run)
+    threads = args.threads or cfg.get("threads")
+    chunk = {"started": started.isoformat(timespec="seconds"), "wall_seconds": round(time.monotonic() - t0, 1),
+             "machine": machine(threads), "precision": cfg["precision"],
+             "step": [before["step"], after["step"]], "tokens": [before["tokens"], after["tokens"]],
+             "train_seconds": round(after["seconds"] - before["seconds"], 1),
+             "tokens_per_s": round((after["tokens"] - before["tokens"]) / max(1e-9, after["seconds"] - before["seconds"]), 1),
+             "validations": valid[n_valid:]}
+    with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(chunk) + "\n")
+    if len(valid) > n_valid and (run / "best").is_dir():
+        dest = run / "milestones" / f"step-{valid[-1]['step']:06d}"
+        if not dest.exists():
+            shutil.copytree(run / "best", dest)
+    write_record(cfg)
+    return 0
+
+
+def write_record(cfg: dict) -> None:
+    run = run_dir(cfg)
+    chunks = []
+    if (run / "chunks.jsonl").is_file():
+        chunks = [json.loads(x) for x in (run / "chunks.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    progress = checkpoint_progress(run)
+    counts = json.loads((CORPUS / "counts.json").read_text()) if (CORPUS / "counts.json").is_file() else None
+    record = {
+        "recipe": "scripts/science.py", "config": os.path.relpath(CONFIG, ROOT), "budget": BUDGET,
+        "vocabulary_min_count": MIN_COUNT,
+        "corpus": counts and {k: counts[k] for k in counts if k in ("train", "valid", "totals")} or counts,
+        "progress": {**progress, "fraction_of_budget": round(progress["tokens"] / BUDGET["tokens"], 4)},
+        "chunks": chunks,
+        "validation": [{"step": v["step"], "tokens": v["step"] * cfg["batch_size"] * cfg["unroll"],
+                        "ppl_forward": round(v["valid_ppl_forward"], 2), "ppl_backward": round(v["valid_ppl_backward"], 2),
+                        "ppl_mean": round(v["valid_ppl_mean"], 2)} for v in validations(run)],
+        "milestones": sorted(p.name for p in (run / "milestones").iterdir()) if (run / "milestones").is_dir() else [],
+    }
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RECORD.with_name(RECORD.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(RECORD)
+    print(f"wrote {RECORD.relative_to(ROOT)}: step {progress['step']}, {progress['tokens']:,} tokens "
+          f"({record['progress']['fraction_of_budget']:.1%} of the budget)", file=sys.stderr)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="one chunk of training")
+    t.add_argument("--minutes", type=float, required=True, help="stop cleanly after this long")
+    t.add_argument("--threads", type=int, help="override the config's threads")
+    t.set_defaults(func=train)
+    r = sub.add_parser("record", help="rewrite results/science/record.json from the run")
+    r.set_defaults(func=lambda a: write_record(config()) or 0)
+    args = ap.parse_args()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
