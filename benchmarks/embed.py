@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=12000, help="words timed per setting (about)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is kept)")
-    ap.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 runs")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the --precision bf16 runs")
     ap.add_argument("--baseline", action="store_true",
                     help="also time the unoptimised core (plain conv1d char-CNN, autograd-style LSTM), once")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -223,15 +223,13 @@ def main(argv=None) -> int:
         dt, ref = time_batches(model, sample, args.repeats)
         record(name, "float32", "window", sample, dt, cfg)
         if not args.no_bf16:
-            m16 = BiLM(cfg)
-            m16.load_state_dict(model.state_dict())
-            m16 = m16.to(torch.bfloat16).eval()
-            dt16, out16 = time_batches(m16, sample, args.repeats)
+            model.precision = "bf16"
+            dt16, out16 = time_batches(model, sample, args.repeats)
+            model.precision = "fp32"
             err = np.concatenate([np.abs(a - b).ravel() for a, b in zip(ref, out16)])
             scale = np.concatenate([np.abs(a).ravel() for a in ref])
             record(name, "bfloat16", "window", sample, dt16, cfg, max_abs_err=float(err.max()),
                    mean_abs_err=float(err.mean()), mean_abs_value=float(scale.mean()))
-            del m16
         if args.baseline:
             base = BaselineBiLM(cfg)
             base.load_state_dict(model.state_dict())

@@ -1,0 +1,233 @@
+"""bf16 against fp32 on the CPU, side by side in one run: embedding and training throughput, the
+matmul rates behind them, the machine's bf16 support, and the error of every layer.
+
+    .venv/bin/python benchmarks/cpu_precision.py --out results/cpu_precision.json
+    .venv/bin/python benchmarks/cpu_precision.py --threads 1 --models small --no-train --no-emulate
+
+* Embedding: real sentences (UD English EWT train), the library's stateless batches, all three
+  layers as float32 numpy (``torchelmo.embed.embed_batch``), the published small and original
+  shapes with random weights and the embedded default model. fp32 and bf16 runs alternate on the
+  same batches (best of ``--repeats`` each); the error of bf16 is measured per layer against the
+  fp32 output: max and mean absolute, and the mean relative to the layer's mean magnitude.
+* Training: the small preset on PTB (stream batches, ``--train-softmax``), an fp32 and a bf16
+  model with the same initial weights stepping alternately on the same batches (Adagrad).
+* Matmuls: the shapes of the small and original recurrences and a 2048^3 sgemm, fp32 and bf16.
+* Emulation: the embedding of the small shapes rerun in a child process with oneDNN capped at
+  AVX512-BF16 without AMX, and at AVX-512 without bf16 (``ONEDNN_MAX_CPU_ISA``), as on CPUs that
+  lack those units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from torchelmo import BiLM, preset
+from torchelmo.bilm import Regularisation
+from torchelmo.corpus import Corpus
+from torchelmo.data import StreamBatcher
+from torchelmo.embed import WINDOW_LINES, Batching, embed_batch
+from torchelmo.lm import LanguageModel
+from torchelmo.precision import cpu_bf16_support, resolve_precision, support_line
+from torchelmo.probe.conll import read_conllu
+from torchelmo.train import TRAIN_PRESETS
+from torchelmo.vocab import Vocabulary
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+UD = DATA / "pos" / "ud-english-ewt" / "en_ewt-ud-train.conllu"
+PTB = DATA / "lm" / "ptb" / "ptb.train.txt"
+MATMULS = {"small step [x;h]W": (256, 257, 4096), "small projection": (256, 1024, 128),
+           "original step hW_h": (256, 512, 16384), "original projection": (256, 4096, 512),
+           "sgemm 2048": (2048, 2048, 2048)}
+
+
+def machine() -> dict:
+    name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                platform.processor())
+    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "bf16_support": cpu_bf16_support(),
+            "support_line": support_line(), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")}
+
+
+def matmul_rates() -> dict:
+    out = {}
+    for name, (m, k, n) in MATMULS.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        reps = max(1, 2**30 // (m * k * n))          # about 2 GFLOP per timing
+        row = {}
+        for p in ("fp32", "bf16"):
+            with resolve_precision(p, "cpu").scope():
+                a @ b
+                best = float("inf")
+                for _ in range(3):
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        a @ b
+                    best = min(best, (time.perf_counter() - t) / reps)
+            row[p] = 2 * m * k * n / best / 1e9
+        out[name] = {"shape": [m, k, n], "fp32_gflops": row["fp32"], "bf16_gflops": row["bf16"],
+                     "ratio": row["bf16"] / row["fp32"]}
+    return out
+
+
+def sample_batches(n_tokens: int) -> list[list[list[str]]]:
+    """Every k-th of the library's batches of one streaming window of UD EWT train."""
+    window = [s.tokens for s in read_conllu(UD)][:WINDOW_LINES]
+    batching = Batching.resolve(False, None, None)
+    batches = [[window[r] for r in rows] for rows in batching.batches([len(s) for s in window])]
+    total = sum(len(s) for s in window)
+    k = max(1, round(total / n_tokens))
+    return batches[k // 2::k]
+
+
+def embed_all(model: BiLM, batches) -> tuple[float, list[np.ndarray]]:
+    t = time.perf_counter()
+    out = [a for b in batches for a in embed_batch(model, b, "all", None)]
+    return time.perf_counter() - t, out
+
+
+def layer_errors(ref: list[np.ndarray], got: list[np.ndarray]) -> list[dict]:
+    errs = []
+    for k in range(ref[0].shape[0]):
+        a = np.concatenate([r[k].ravel() for r in ref])
+        b = np.concatenate([g[k].ravel() for g in got])
+        d = np.abs(a - b)
+        scale = float(np.abs(a).mean())
+        errs.append({"layer": f"E{k}", "max_abs": float(d.max()), "mean_abs": float(d.mean()),
+                     "mean_abs_value": scale, "mean_relative": float(d.mean()) / scale})
+    return errs
+
+
+def embedding(models: list[str], batches, repeats: int) -> list[dict]:
+    rows = []
+    n_tok = sum(len(s) for b in batches for s in b)
+    for name in models:
+        torch.manual_seed(0)
+        model = (BiLM.from_pretrained("default") if name == "default" else BiLM(preset(name))).eval()
+        embed_batch(model, batches[0][:4], "all", None)
+        best, outs = {"fp32": float("inf"), "bf16": float("inf")}, {}
+        for _ in range(repeats):
+            for p in ("fp32", "bf16"):
+                model.precision = p
+                dt, out = embed_all(model, batches)
+                best[p], outs[p] = min(best[p], dt), out
+        row = {"model": name, "tokens": n_tok, "batches": len(batches),
+               "fp32_tokens_per_s": n_tok / best["fp32"], "bf16_tokens_per_s": n_tok / best["bf16"],
+               "speedup": best["fp32"] / best["bf16"], "errors": layer_errors(outs["fp32"], outs["bf16"])}
+        rows.append(row)
+        worst = max(e["mean_relative"] for e in row["errors"])
+        print(f"  embed {name:8s} fp32 {row['fp32_tokens_per_s']:8,.0f} tok/s  bf16 {row['bf16_tokens_per_s']:8,.0f}"
+              f"  x{row['speedup']:.2f}  worst layer mean rel. error {worst:.2%}", flush=True)
+    return rows
+
+
+def training(steps: int, batch: int, softmax: str) -> dict:
+    vocab = Vocabulary.build([PTB])
+    lms = {}
+    for p in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        lm = LanguageModel(TRAIN_PRESETS["small"](), vocab, softmax=softmax,
+                           regularisation=Regularisation(dropout=0.1)).train()
+        lm.bilm.precision = p
+        lms[p] = (lm, torch.optim.Adagrad(lm.parameters(), lr=0.2, initial_accumulator_value=1.0))
+    batcher = StreamBatcher(Corpus([PTB], seed=0), vocab, batch, 20)
+    times = {"fp32": [], "bf16": []}
+    states = {"fp32": None, "bf16": None}
+    losses = {"fp32": [], "bf16": []}
+    for i in range(steps + 2):
+        b = next(batcher)
+        for p, (lm, opt) in lms.items():
+            g = torch.Generator().manual_seed(i)
+            t = time.perf_counter()
+            sums, final = lm.batch_nll(b, states[p], g)
+            loss = 0.5 * sums.sum() / b.n_targets
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(lm.parameters(), 10.0)
+            opt.step()
+            states[p] = [(c.detach(), h.detach()) for c, h in final]
+            if i >= 2:
+                times[p].append(time.perf_counter() - t)
+            losses[p].append(float(loss))
+    tok = batch * 20
+    out = {"preset": "small", "softmax": softmax, "batch": f"{batch}x20", "steps_timed": steps,
+           "fp32_tokens_per_s": tok / statistics.median(times["fp32"]),
+           "bf16_tokens_per_s": tok / statistics.median(times["bf16"]),
+           "final_loss": {p: v[-1] for p, v in losses.items()}}
+    out["speedup"] = out["bf16_tokens_per_s"] / out["fp32_tokens_per_s"]
+    print(f"  train small/{softmax} fp32 {out['fp32_tokens_per_s']:7,.0f} tok/s  bf16 "
+          f"{out['bf16_tokens_per_s']:7,.0f}  x{out['speedup']:.2f}", flush=True)
+    return out
+
+
+def emulated(tokens: int) -> list[dict]:
+    """The small shapes' embedding in child processes with oneDNN capped below AMX / below bf16."""
+    rows = []
+    for isa in ("AVX512_CORE_BF16", "AVX512_CORE"):
+        env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
+        cmd = [sys.executable, __file__, "--threads", "1", "--models", "small", "--tokens", str(tokens),
+               "--no-train", "--no-emulate", "--no-matmuls", "--json-stdout"]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        child = json.loads(res.stdout.splitlines()[-1])
+        rows.append({"onednn_max_cpu_isa": isa, "bf16_support": child["machine"]["bf16_support"],
+                     **child["threads"]["1"]["embedding"][0]})
+        r = rows[-1]
+        print(f"  emulated {isa}: fp32 {r['fp32_tokens_per_s']:,.0f} tok/s, bf16 {r['bf16_tokens_per_s']:,.0f} "
+              f"(x{r['speedup']:.2f}); bf16 max |diff| from fp32 {max(e['max_abs'] for e in r['errors']):.2g}",
+              flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--models", default="small,original,default")
+    ap.add_argument("--tokens", type=int, default=6000, help="words embedded per setting (about)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--train-steps", type=int, default=4)
+    ap.add_argument("--train-batch", type=int, default=64)
+    ap.add_argument("--train-softmax", default="adaptive,full")
+    ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--no-emulate", action="store_true")
+    ap.add_argument("--no-matmuls", action="store_true")
+    ap.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    report = {"machine": machine(), "threads": {}}
+    if not args.json_stdout:
+        print(report["machine"]["support_line"], flush=True)
+    batches = sample_batches(args.tokens)
+    for n in (int(x) for x in args.threads.split(",")):
+        torch.set_num_threads(n)
+        if not args.json_stdout:
+            print(f"{n} thread(s)", flush=True)
+        r = report["threads"][str(n)] = {}
+        if not args.no_matmuls:
+            r["matmuls"] = matmul_rates()
+            for name, m in r["matmuls"].items():
+                print(f"  matmul {name:22s} fp32 {m['fp32_gflops']:6.0f} GFLOP/s  bf16 {m['bf16_gflops']:6.0f}"
+                      f"  x{m['ratio']:.2f}", flush=True)
+        r["embedding"] = embedding(args.models.split(","), batches, args.repeats)
+        if not args.no_train:
+            r["training"] = [training(args.train_steps, args.train_batch, s) for s in args.train_softmax.split(",")]
+    if not args.no_emulate:
+        torch.set_num_threads(1)
+        report["emulated"] = emulated(args.tokens)
+    if args.json_stdout:
+        print(json.dumps(report))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
