@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -127,7 +126,7 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
     ref = None
     for p, graphs in variants(args.precisions, clock.device):
         model.precision = p
-        os.environ["TORCHELMO_CUDA_GRAPHS"] = "1" if graphs else "0"
+        model.backend = "triton+graphs" if graphs else None
         out: list = []
 
         def run():
@@ -138,7 +137,7 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
         res["ours"][p + ("+graphs" if graphs else "")] = {
             "tokens_per_s": n_tok / t, "seconds": t, "max_abs_diff_vs_fp32": err,
             "fraction_of_matmul_rate": flops / t / 1e12 / rates[p]}
-    os.environ["TORCHELMO_CUDA_GRAPHS"] = "0"
+    model.backend = None
     with torch.no_grad():
         for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             stack = anchor_lstm(cfg, clock.device, dtype)
@@ -162,7 +161,7 @@ def variants(precisions, device) -> list[tuple[str, bool]]:
 def profile_batch(model: BiLM, batch, clock: Clock, graphs: bool) -> dict:
     """Wall vs GPU-busy time and kernel count of one batch (fp32), after a warm-up run."""
     model.precision = "fp32"
-    os.environ["TORCHELMO_CUDA_GRAPHS"] = "1" if graphs else "0"
+    model.backend = "triton+graphs" if graphs else None
     embed_sentences(model, batch, "all", batch_size=len(batch))
     if clock.device.type != "cuda":
         return {}
@@ -179,7 +178,7 @@ def profile_batch(model: BiLM, batch, clock: Clock, graphs: bool) -> dict:
     for s, e in spans:          # union of kernel intervals, in microseconds
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
-    os.environ["TORCHELMO_CUDA_GRAPHS"] = "0"
+    model.backend = None
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy / 1e3, "busy_fraction": busy / 1e6 / wall,
             "kernels": len(spans)}
 

@@ -2,7 +2,7 @@
 from the fp32 CPU path, and the size of the layers for scale.
 
     PYTHONPATH=src python3 benchmarks/precision.py --device cuda [--model default] [--out F.json]
-    TORCHELMO_FUSED=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/precision.py --device cpu
+    TRITON_INTERPRET=1 .venv/bin/python benchmarks/precision.py --device cpu --backend triton
 
 On CUDA the fused kernels run compiled. The second line runs them on CPU under Triton's
 interpreter, which emulates bf16 (operands rounded, products in fp32: the same numbers up to
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -34,17 +33,15 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=UD_DEV)
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--backend", default=None, help="the recurrence's backend (default: auto)")
     args = ap.parse_args()
     sentences = [s.tokens for s in read_conllu(args.data)][: args.sentences]
     ids = batch_to_ids(sentences)
     model = BiLM.from_pretrained(args.model).eval()
     with torch.no_grad():
-        fused, os.environ["TORCHELMO_FUSED"] = os.environ.get("TORCHELMO_FUSED"), "0"
+        model.backend = "cpu"
         ref = [t.clone() for t in model(ids).layers]            # fp32, the CPU paths
-        if fused is None:
-            del os.environ["TORCHELMO_FUSED"]
-        else:
-            os.environ["TORCHELMO_FUSED"] = fused
+        model.backend = args.backend
         model.to(args.device)
         report = {"model": args.model, "device": args.device, "sentences": len(sentences),
                   "tokens": int(sum(len(s) for s in sentences)),

@@ -17,6 +17,7 @@ if not HAS_CUDA:
 pytest.importorskip("triton")
 
 from torchelmo import BiLM, batch_to_ids  # noqa: E402
+from torchelmo import backend  # noqa: E402
 from torchelmo import fused as F  # noqa: E402
 from torchelmo.config import ElmoConfig  # noqa: E402
 from torchelmo.errors import ElmoError  # noqa: E402
@@ -49,7 +50,7 @@ def test_forward_and_gradients_equal_autograd_path(device, clips):
     lengths, T = [6, 6, 4, 1, 0], 6          # a full row, shorter ones, and an empty one
     x, c0, h0 = _inputs(layer, lengths, T, device)
     ref = lstm_layer_autograd(layer, x, lengths, c0, h0, *clips, layer.w_h)
-    got = lstm_layer(layer, x, lengths, c0, h0, *clips, fused=True)
+    got = lstm_layer(layer, x, lengths, c0, h0, *clips, backend="triton")
     for a, b in zip(got, ref):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
@@ -85,9 +86,9 @@ def test_reduced_precision_modes_stay_close():
     lengths, T = [5, 3, 2], 5
     x, c0, h0 = _inputs(layer, lengths, T, grad=False)
     with torch.no_grad():
-        exact = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, fused=True)[0]
-        bf16 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="bf16", fused=True)[0]
-        tf32 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="tf32", fused=True)[0]
+        exact = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, backend="triton")[0]
+        bf16 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="bf16", backend="triton")[0]
+        tf32 = lstm_layer(layer, x, lengths, c0, h0, 3.0, 3.0, precision="tf32", backend="triton")[0]
     err = (bf16 - exact).abs().max().item()
     assert 1e-4 < err < 5e-2          # operands really are rounded, and the result stays close
     assert (tf32 - exact).abs().max().item() < 1e-2
@@ -101,7 +102,7 @@ def test_bilm_through_fused_path_equals_cpu_path(monkeypatch):
     with torch.no_grad():
         ref = [model(batch_to_ids(b)).layers for b in batches]   # the state carries across batches
         model.reset_states()
-        monkeypatch.setenv("TORCHELMO_FUSED", "1")
+        model.backend = "triton"
         got = [model(batch_to_ids(b)).layers for b in batches]
     for lr, lg in zip(ref, got):
         for a, b in zip(lg, lr):
@@ -141,8 +142,8 @@ def test_training_through_fused_path_follows_the_same_losses(monkeypatch, tmp_pa
     from torchelmo.train import TrainConfig, train
     data, vocab = fixture_corpus
     losses = []
-    for fused in ("0", "1"):
-        monkeypatch.setenv("TORCHELMO_FUSED", fused)
+    for fused in ("cpu", "triton"):   # the default backend, which training uses
+        monkeypatch.setattr(backend, "default_backend", lambda fused=fused: fused)
         cfg = TrainConfig(train=[str(data)], vocab=str(vocab), out_dir=str(tmp_path / fused), model="tiny",
                           batch_size=4, unroll=5, max_steps=3, log_every=1, eval_every=1000,
                           checkpoint_every=1000, threads=1, progress=False, dropout=0.0)
@@ -160,9 +161,9 @@ def test_inference_keeps_nothing_for_backward(monkeypatch):
     real = F._forward
     monkeypatch.setattr(F, "_forward", lambda *a, save: saves.append(save) or real(*a, save=save))
     with torch.no_grad():
-        out = lstm_layer(layer, x, [3, 2], c0, h0, None, None, fused=True)[0]
+        out = lstm_layer(layer, x, [3, 2], c0, h0, None, None, backend="triton")[0]
     assert saves == [False] and out.grad_fn is None
-    lstm_layer(layer, x, [3, 2], c0, h0, None, None, fused=True)[0].sum().backward()
+    lstm_layer(layer, x, [3, 2], c0, h0, None, None, backend="triton")[0].sum().backward()
     assert saves == [False, True] and layer.w_h.grad is not None
 
 
@@ -182,10 +183,10 @@ def test_cuda_graphs_replay_equals_eager(monkeypatch):
         model.reset_states()
         with torch.no_grad():
             return [model(batch_to_ids(b).cuda()).layers for b in batches]
-    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "0")
+    model.backend = "triton"
     ref = run()
     graphs.clear()
-    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
+    model.backend = "triton+graphs"
     got = run()
     assert len(graphs._graphs) == 2 * model.config.n_layers     # two buckets, per layer
     for lr, lg in zip(ref, got):
@@ -195,9 +196,9 @@ def test_cuda_graphs_replay_equals_eager(monkeypatch):
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.9)
-    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "0")
+    model.backend = "triton"
     ref = run()
-    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
+    model.backend = "triton+graphs"
     got = run()
     assert len(graphs._graphs) == 2 * model.config.n_layers
     for lr, lg in zip(ref, got):
@@ -206,25 +207,24 @@ def test_cuda_graphs_replay_equals_eager(monkeypatch):
     graphs.clear()
 
 
-def test_cuda_graphs_stay_off_where_they_cannot_apply(monkeypatch):
+def test_cuda_graphs_stay_off_where_they_cannot_apply():
     from torchelmo import graphs
 
-    monkeypatch.setenv("TORCHELMO_CUDA_GRAPHS", "1")
     x = torch.zeros(2, 1, 1, 4)
-    assert not graphs.enabled(x)                       # not on CUDA
+    assert not graphs.replayable(x)                    # not on CUDA
     if HAS_CUDA:
         x = x.cuda()
         with torch.no_grad():
-            assert graphs.enabled(x)
-        assert not graphs.enabled(x)                   # autograd on
+            assert graphs.replayable(x)
+        assert not graphs.replayable(x)                # autograd on
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            assert not graphs.enabled(x)               # autocast on
+            assert not graphs.replayable(x)            # autocast on
 
 
 def test_padded_rows_and_steps_change_nothing():
     # What CUDA graphs rely on to bucket shapes: rows of length 0 and steps past every length,
     # whatever their inputs hold, leave the real rows' outputs and states as they were.
-    from torchelmo.lstm import lstm_layer_fused
+    from torchelmo.fused import lstm_layer_fused
 
     layer = _layer()
     lengths, T = [5, 3, 1], 5
@@ -246,7 +246,7 @@ def test_published_fixture_through_fused_path(allennlp_dir, monkeypatch):
     # TensorFlow biLM's outputs, state carried across batches, clipping on.
     from conftest import check_stateful_fixture
 
-    monkeypatch.setenv("TORCHELMO_FUSED", "1")
+    monkeypatch.setattr(backend, "default_backend", lambda: "triton")
     # The interpreter is slow: there, the first 3 batches (the state carried twice).
     check_stateful_fixture(allennlp_dir, "sentences.json", DEVICES[0], atol=2e-6,
                            batches=10 if HAS_CUDA else 3)

@@ -1,4 +1,4 @@
-"""The projected LSTM layer: every production path (autograd, fused and chunked inference) against
+"""The projected LSTM layer: every production path (autograd, joint and chunked inference) against
 the slow reference; the end-to-end and fixture comparisons are in test_embed and test_compat."""
 
 import pytest
@@ -9,11 +9,11 @@ from torchelmo.bilm import reverse_padded
 from torchelmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
 
 
-@pytest.mark.parametrize("fused_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])
-def test_lstm_inference_path_equals_reference(monkeypatch, fused_max_k, chunk_bytes):
-    """Both inference variants (fused per-step matmul; chunked input products, here one step per
+@pytest.mark.parametrize("joint_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])
+def test_lstm_inference_path_equals_reference(monkeypatch, joint_max_k, chunk_bytes):
+    """Both inference variants (joint per-step matmul; chunked input products, here one step per
     chunk too) vs the slow reference, with nonzero initial states and rows of length 0."""
-    monkeypatch.setattr(L, "FUSED_MAX_K", fused_max_k)
+    monkeypatch.setattr(L, "JOINT_MAX_K", joint_max_k)
     monkeypatch.setattr(L, "INPUT_CHUNK_BYTES", chunk_bytes)
     torch.manual_seed(0)
     D, P = 12, 5
@@ -54,3 +54,39 @@ def test_autograd_path_equals_inference_path():
     assert got[0].requires_grad
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.detach(), b, atol=1e-6, rtol=0)
+
+
+def test_backend_table_picks_each_path(monkeypatch):
+    from torchelmo import backend as B
+    from torchelmo.errors import ElmoError
+
+    monkeypatch.setattr(B, "triton_installed", lambda: True)
+    assert B.resolve_backend("auto", "cpu", 5, 4, 16) == "cpu"
+    assert B.resolve_backend("auto", "cuda", 5, 4, 16) == "triton"
+    assert B.resolve_backend("triton+graphs", "cuda", 5, 4, 16) == "triton+graphs"
+    assert B.resolve_backend("triton", "cpu", 5, 4, 16) == "triton"          # under the interpreter
+    assert B.resolve_backend("cpu", "cuda", 5, 4, 16) == "cpu"
+    assert B.resolve_backend("triton", "cuda", 2**16, 2**10, 2**12) == "cpu"   # past 32-bit offsets
+    monkeypatch.setattr(B, "triton_installed", lambda: False)
+    assert B.resolve_backend("auto", "cuda", 5, 4, 16) == "cpu"
+    with pytest.raises(ElmoError, match="backend triton: Triton is not installed"):
+        B.resolve_backend("triton", "cuda", 5, 4, 16)
+    with pytest.raises(ElmoError, match="backend: must be one of auto, cpu, triton, triton\\+graphs"):
+        B.resolve_backend("cudnn", "cuda", 5, 4, 16)
+    # The environment gives the default, read once.
+    B.default_backend.cache_clear()
+    monkeypatch.setenv("TORCHELMO_BACKEND", "cpu")
+    assert B.resolve_backend(None, "cuda", 5, 4, 16) == "cpu"
+    monkeypatch.setenv("TORCHELMO_BACKEND", "auto")
+    assert B.default_backend() == "cpu"
+    B.default_backend.cache_clear()
+    # lstm_layer runs the table's entry for the resolved name, and BiLM passes its setting down.
+    seen = []
+    for name in ("cpu", "triton", "triton+graphs"):
+        monkeypatch.setitem(L._BACKENDS, name, lambda *a, name=name: seen.append(name) or (None, None, None))
+    monkeypatch.setattr(B, "triton_installed", lambda: True)
+    layer = L.BiLstmLayer(4, 8, 4)
+    x, c0, h0 = torch.zeros(2, 1, 2, 4), torch.zeros(2, 1, 8), torch.zeros(2, 1, 4)
+    for name in ("cpu", "triton", "triton+graphs", "auto"):
+        L.lstm_layer(layer, x, [2], c0, h0, None, None, backend=name)
+    assert seen == ["cpu", "triton", "triton+graphs", "cpu"]

@@ -26,11 +26,12 @@ import torch
 import torch.nn as nn
 
 from . import hub, weights
+from .backend import check_backend, resolve_backend
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder, copy_to, plan_tokens
 from .errors import ElmoError
-from .lstm import BiLstmLayer, use_fused
+from .lstm import BiLstmLayer
 from .precision import Precision, check_precision, resolve_precision
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
@@ -133,7 +134,8 @@ def _check_char_ids(char_ids: torch.Tensor, n_characters: int) -> None:
 
 
 def _row_order(lengths: torch.Tensor, fused: bool):
-    """How :meth:`BiLM.run_stacks` orders a batch's rows: ``(rows, unsort, lengths to run)``."""
+    """How :meth:`BiLM.run_stacks` orders a batch's rows: ``(rows, unsort, lengths to run)``;
+    ``fused``: for a Triton backend."""
     if fused:
         # The fused kernels mask finished rows themselves: no sort, and the lengths stay on the
         # device (no synchronisation).
@@ -155,7 +157,8 @@ def _row_order(lengths: torch.Tensor, fused: bool):
 
 class BiLM(nn.Module):
     def __init__(self, config: ElmoConfig, stateful: bool = False,
-                 regularisation: Regularisation | None = None, precision: str = "fp32") -> None:
+                 regularisation: Regularisation | None = None, precision: str = "fp32",
+                 backend: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.encoder = CharCNNEncoder(config)
@@ -167,6 +170,7 @@ class BiLM(nn.Module):
         self._resolved: Precision | None = None
         self._in_scope = False
         self.precision = precision   # see torchelmo.precision; settable at any time
+        self.backend = backend       # see torchelmo.backend; None: its default; settable at any time
 
     # -- precision -------------------------------------------------------------------------------
     @property
@@ -178,6 +182,16 @@ class BiLM(nn.Module):
     def precision(self, value: str) -> None:
         self._precision = check_precision(value)
         self._resolved = None
+
+    @property
+    def backend(self) -> str | None:
+        """Which implementation runs the recurrence: ``auto``, ``cpu``, ``triton``,
+        ``triton+graphs`` (see :mod:`torchelmo.backend`), or None for its default."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str | None) -> None:
+        self._backend = None if value is None else check_backend(value)
 
     def resolved_precision(self) -> Precision:
         """:attr:`precision` resolved for the model's current device (once per device)."""
@@ -251,8 +265,8 @@ class BiLM(nn.Module):
             state = self.zero_state(x.shape[1], x)
         cfg = self.config
         kernel = self.resolved_precision().kernel
-        fused = use_fused(x, cfg.lstm_dim)
-        rows, unsort, run_lengths = _row_order(lengths, fused)
+        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim)
+        rows, unsort, run_lengths = _row_order(lengths, backend != "cpu")
         h_in = rows(x)
         outs, final = [], []
         for k, layer in enumerate(self.layers):
@@ -263,7 +277,7 @@ class BiLM(nn.Module):
                 w_h = nn.functional.dropout(layer.w_h, self.weight_drop, True)
             c0, h0 = state[k]
             out, c, h = layer(h_in, run_lengths, rows(c0), rows(h0), cfg.cell_clip, cfg.proj_clip,
-                              w_h, kernel, fused)
+                              w_h, kernel, backend)
             if cfg.use_skip_connections and k > 0:
                 out = out + h_in
             outs.append(out)

@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import torch
 
-from .lstm import fused_fits
+from .backend import fused_fits
+from .encoder import copy_to
 from .precision import PRECISIONS
 
 try:
@@ -382,3 +383,32 @@ def fused_recurrence(xw: torch.Tensor, w_h: torch.Tensor, w_p: torch.Tensor, c0:
         return FusedRecurrence.apply(*args)
     # Inference: nothing kept for a backward pass (autograd would ask for it even under no_grad).
     return _forward(*args, save=False)[:3]
+
+
+# -- the layer on this recurrence (the ``triton`` backend of :func:`torchelmo.lstm.lstm_layer`) ----
+def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+    """:func:`torchelmo.lstm.lstm_layer` through :func:`fused_recurrence` (differentiable):
+    ``x (2, B, T, in)``, rows in any order, ``lengths`` a list or tensor."""
+    _, B, T, In = x.shape
+    D = layer.lstm_dim
+    # Time-major input products for all steps in one matmul (autograd handles W_x, b and x).
+    xt = x.transpose(1, 2).reshape(2, T * B, In)
+    dt = fused_state_dtype(layer)
+    xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
+    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt),
+                                 device_lengths(lengths, x.device), cell_clip, proj_clip, precision)
+    return out.transpose(1, 2), c, h
+
+
+def fused_state_dtype(layer) -> torch.dtype:
+    """The fused path's state and accumulation dtype: fp32 (fp64 for gradient checks), whatever
+    autocast or a bfloat16 model hands in; reduced precision is the kernels' matmul operands only."""
+    return torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
+
+
+def device_lengths(lengths: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Row lengths as int32 on ``device``, where the fused kernels read them; a list goes over
+    from pinned memory, without holding up the host."""
+    if isinstance(lengths, torch.Tensor):
+        return lengths.to(device=device, dtype=torch.int32)
+    return copy_to(torch.tensor(lengths, dtype=torch.int32), device)

@@ -12,28 +12,28 @@ buffers, share one memory pool per device, and hold references to the weights th
 or replaced weight makes a new graph); at most :data:`MAX_GRAPHS` are kept, the least recently
 used dropped first.
 
-Off by default; ``TORCHELMO_CUDA_GRAPHS=1`` turns it on. Used only where autograd and autocast
-are off and the layer runs the fused path on CUDA.
+The ``triton+graphs`` backend (:mod:`torchelmo.backend`; off by default until a GPU run measures
+it). Used only where autograd and autocast are off and the layer runs on CUDA.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 
 import torch
 
-from .lstm import device_lengths, fused_fits, fused_state_dtype, lstm_layer_fused
+from .backend import fused_fits
+from .fused import device_lengths, fused_state_dtype, lstm_layer_fused
 
 ROWS, STEPS, MAX_GRAPHS = 16, 8, 32
 _graphs: collections.OrderedDict = collections.OrderedDict()
 _pools: dict = {}
 
 
-def enabled(x: torch.Tensor) -> bool:
-    """Whether a fused layer on input ``x`` replays through a graph."""
-    return (os.environ.get("TORCHELMO_CUDA_GRAPHS", "0") == "1" and x.is_cuda
-            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cuda"))
+def replayable(x: torch.Tensor) -> bool:
+    """Whether a fused layer on input ``x`` can replay through a graph: on CUDA, with autograd
+    and autocast off."""
+    return x.is_cuda and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cuda")
 
 
 def _round_up(n: int, step: int) -> int:
@@ -78,7 +78,7 @@ class LayerGraph:
 
 
 def run_layer(layer, x, lengths, c0, h0, cell_clip, proj_clip, precision):
-    """:func:`torchelmo.lstm.lstm_layer_fused` at inference through a cached graph (the eager
+    """:func:`torchelmo.fused.lstm_layer_fused` at inference through a cached graph (the eager
     path where the bucketed shape exceeds the kernels' 32-bit offsets)."""
     _, B, T, In = x.shape
     Bb, Tb = _round_up(B, ROWS), _round_up(T, STEPS)

@@ -14,20 +14,20 @@ both directions step through the same positions with the same mask.
 handful of ops per step. Under autograd (:func:`lstm_layer_autograd`) it precomputes the input
 products of all steps in one matmul. Without autograd it works in place, time-major, with no
 per-step allocation, in one of two ways chosen by the layer's width:
-:func:`lstm_inference_fused` (one matmul per step over ``[x_t ; h_{t-1} ; 1]``) or
-:func:`lstm_inference_chunked` (input products of many steps at once).
+:func:`lstm_inference_joint` (one matmul per step over ``[x_t ; h_{t-1} ; 1]``) or
+:func:`lstm_inference_chunked` (input products of many steps at once). Those are the ``cpu``
+backend; :func:`lstm_layer` dispatches to the others (:mod:`torchelmo.backend`) in one table.
 :func:`lstm_reference` is the slow, obviously-correct path they are tested against.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn as nn
 
-from .encoder import copy_to
+from .backend import resolve_backend
 
 FORGET_BIAS = 1.0
 
@@ -55,10 +55,10 @@ class BiLstmLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: list[int], c0: torch.Tensor, h0: torch.Tensor,
                 cell_clip: float | None, proj_clip: float | None, w_h: torch.Tensor | None = None,
-                precision: str = "fp32", fused: bool | None = None
+                precision: str = "fp32", backend: str | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`lstm_layer` with this layer's weights."""
-        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused)
+        return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, backend)
 
 
 def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
@@ -75,25 +75,22 @@ def lstm_layer(
     proj_clip: float | None,
     w_h: torch.Tensor | None = None,
     precision: str = "fp32",
-    fused: bool | None = None,
+    backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run one layer, both directions.
 
     Parameters
     ----------
     x : ``(2, B, T, in)`` inputs, direction-stacked, rows sorted by length, descending.
-    lengths : B ints, non-increasing (the fused path takes any order, and a tensor).
+    lengths : B ints, non-increasing (the Triton backends take any order, and a tensor).
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
     w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
         dropped copy serves every step of the window).
     precision : ``fp32``, ``tf32`` or ``bf16``: the matmul operands of the fused CUDA recurrence.
         The CPU paths compute in fp32 tensors; under bf16 their matmuls round operands to bf16
         (the model's :meth:`~torchelmo.BiLM.precision_scope`) and the bias is added in fp32.
-    fused : run the Triton recurrence of :mod:`torchelmo.fused`; default (:func:`use_fused`): on
-        CUDA when Triton is installed and the layer fits; ``TORCHELMO_FUSED=0`` turns it off, ``=1``
-        forces it (on CPU that needs Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
-        At inference with ``TORCHELMO_CUDA_GRAPHS=1``, it replays as a CUDA graph
-        (:mod:`torchelmo.graphs`).
+    backend : ``auto``, ``cpu``, ``triton`` or ``triton+graphs`` (:mod:`torchelmo.backend`;
+        None: its default), or a name :func:`~torchelmo.backend.resolve_backend` already resolved.
 
     Returns
     -------
@@ -101,73 +98,34 @@ def lstm_layer(
     state after its last position (its initial state if its length is 0).
     """
     w_h = layer.w_h if w_h is None else w_h
-    if fused is None:
-        fused = use_fused(x, layer.lstm_dim)
-    if fused:
-        from . import graphs   # CUDA graphs: opt-in, inference only
-        if w_h is layer.w_h and graphs.enabled(x):
-            return graphs.run_layer(layer, x, lengths, c0, h0, cell_clip, proj_clip, precision)
-        return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
+    backend = resolve_backend(backend, x.device.type, x.shape[2], x.shape[1], layer.lstm_dim)
+    return _BACKENDS[backend](layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
+
+
+def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
     # Under bf16 the bias stays out of the matmul, so it is added in fp32 rather than rounded.
     fold_bias = precision != "bf16"
-    if layer.input_dim + layer.projection_dim <= FUSED_MAX_K:
-        return lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
+    if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
+        return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
 
 
-def fused_fits(T: int, B: int, D: int) -> bool:
-    """Whether a layer's buffers (the largest is ``(2, T, B, 4D)``) fit the fused kernels' 32-bit
-    offsets; larger ones take the unfused path."""
-    return 2 * T * B * 4 * D < 2**31
+def _run_triton(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+    from .fused import lstm_layer_fused   # imports Triton: only when this path runs
+    return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 
-def use_fused(x: torch.Tensor, lstm_dim: int) -> bool:
-    """Whether :func:`lstm_layer` runs the fused recurrence by default for inputs ``x (2, B, T, in)``
-    of a layer of ``lstm_dim`` cells: on CUDA with Triton, if the layer :func:`fused_fits`."""
-    mode = os.environ.get("TORCHELMO_FUSED", "auto")
-    if not fused_fits(x.shape[2], x.shape[1], lstm_dim) or mode == "0":
-        return False
-    if mode == "1":
-        return True
-    if x.device.type != "cuda":
-        return False
-    try:
-        import triton  # noqa: F401   (it comes with the CUDA builds of PyTorch)
-    except ImportError:
-        return False
-    return True
+def _run_triton_graphs(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+    from . import graphs
+    if w_h is layer.w_h and graphs.replayable(x):
+        return graphs.run_layer(layer, x, lengths, c0, h0, cell_clip, proj_clip, precision)
+    return _run_triton(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 
-def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
-    """:func:`lstm_layer` through :func:`torchelmo.fused.fused_recurrence` (differentiable)."""
-    from .fused import fused_recurrence   # imports Triton: only when this path runs
-
-    _, B, T, In = x.shape
-    D = layer.lstm_dim
-    # Time-major input products for all steps in one matmul (autograd handles W_x, b and x).
-    xt = x.transpose(1, 2).reshape(2, T * B, In)
-    dt = fused_state_dtype(layer)
-    xw = torch.baddbmm(layer.bias.unsqueeze(1), xt, layer.w_x).view(2, T, B, 4 * D).to(dt)
-    out, c, h = fused_recurrence(xw, w_h.to(dt), layer.w_p.to(dt), c0.to(dt), h0.to(dt),
-                                 device_lengths(lengths, x.device), cell_clip, proj_clip, precision)
-    return out.transpose(1, 2), c, h
-
-
-def fused_state_dtype(layer: BiLstmLayer) -> torch.dtype:
-    """The fused path's state and accumulation dtype: fp32 (fp64 for gradient checks), whatever
-    autocast or a bfloat16 model hands in; reduced precision is the kernels' matmul operands only."""
-    return torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
-
-
-def device_lengths(lengths: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Row lengths as int32 on ``device``, where the fused kernels read them; a list goes over
-    from pinned memory, without holding up the host."""
-    if isinstance(lengths, torch.Tensor):
-        return lengths.to(device=device, dtype=torch.int32)
-    return copy_to(torch.tensor(lengths, dtype=torch.int32), device)
+_BACKENDS = {"cpu": _run_cpu, "triton": _run_triton, "triton+graphs": _run_triton_graphs}
 
 
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
@@ -205,11 +163,11 @@ def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
 
 
 # Inference (no autograd) paths, chosen by the width of the per-step matmul. Measured on CPU:
-# for narrow layers (in + P <= FUSED_MAX_K, e.g. the small model's 128 + 128) one matmul per step
+# for narrow layers (in + P <= JOINT_MAX_K, e.g. the small model's 128 + 128) one matmul per step
 # over [x_t ; h_{t-1} ; 1] (K = in + P + 1, the bias as the last weight row) beats a precomputed
 # K = in product plus a K = P one; for wide layers (the original's 512 + 512) precomputing the
 # input products of many steps at once (M = steps x rows) is faster.
-FUSED_MAX_K = 512
+JOINT_MAX_K = 512
 # Input products are computed this many bytes' worth of steps at a time: big matmuls, flat memory.
 INPUT_CHUNK_BYTES = 64 * 2**20
 
@@ -252,7 +210,7 @@ def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
     return bias
 
 
-def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
+def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
     """:func:`lstm_layer` without autograd, for narrow layers: one matmul per step over
     ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row; ``fold_bias=False``:
     ``[x_t ; h_{t-1}]``, the bias added by the matmul in fp32); step t writes ``h_t`` straight
@@ -290,7 +248,7 @@ def lstm_inference_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, f
 def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
     """:func:`lstm_layer` without autograd, for wide layers: the input products of a chunk of
     steps (``INPUT_CHUNK_BYTES`` of them) in one matmul, then ``h_{t-1} W_h`` added per step.
-    ``fold_bias``: as in :func:`lstm_inference_fused`."""
+    ``fold_bias``: as in :func:`lstm_inference_joint`."""
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
