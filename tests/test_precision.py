@@ -191,3 +191,11 @@ def test_cli_precision_choices(tmp_path, capsys):
     out = capsys.readouterr().out
     machine = json.loads(out[out.index("{"):])["machine"]
     assert machine.startswith("precision: CPU") and ("auto picks bf16" in machine) == AMX
+
+
+def test_cli_backend_option(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n")
+    assert main(["embed", str(src), str(tmp_path / "cpu.hdf5"), "--top", "--backend", "cpu"]) == 0
+    with pytest.raises(SystemExit):
+        main(["embed", str(src), str(tmp_path / "x.hdf5"), "--backend", "cudnn"])

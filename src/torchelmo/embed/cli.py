@@ -7,6 +7,7 @@ import warnings
 
 from ..bilm import BiLM
 from ..errors import ElmoError
+from ..backend import BACKENDS
 from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
 from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_cuda_device,
                        show_progress, show_summary)
@@ -41,6 +42,9 @@ def add_subcommand(sub) -> None:
                    f"{STATELESS_MAX_TOKENS} when --batch-size is not given either)")
     p.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
                    help=PRECISION_HELP + "; the output is float32 either way")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="the LSTM recurrence's implementation: auto (default: Triton on CUDA when "
+                   "installed, else PyTorch), cpu, triton or triton+graphs (CUDA graphs at inference)")
     p.add_argument("--stateful", action="store_true",
                    help="carry LSTM state from batch to batch (row r of batch i = line i*B + r), "
                    "as the original implementations did")
@@ -121,6 +125,7 @@ def run(args) -> int:
     model = load_model(args, stateful=args.stateful)
     model = model.to(device)
     model.precision = args.precision
+    model.backend = args.backend
     with Interrupts(), warnings.catch_warnings():
         warnings.simplefilter("always", ElmoWarning)
         warnings.showwarning = _show_warning
