@@ -311,3 +311,67 @@ def test_time_limit_stops_with_a_checkpoint_and_resume_continues_exactly(tmp_pat
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ElmoError, match="time_limit must be a positive number"):
         base_config(tmp_path / "bad", data, vocab, time_limit=0)
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_is_exact(tmp_path, fixture_corpus, monkeypatch):
+    data, vocab = fixture_corpus
+    kw = dict(softmax="sampled", num_samples=20, dropout=0.1, max_steps=6, log_every=1)
+    train(base_config(tmp_path / "straight", data, vocab, **kw), log=lambda s: None)
+
+    def log(msg):
+        if msg.startswith("step 2 "):
+            os.kill(os.getpid(), signal.SIGTERM)   # arrives mid-run; the step finishes first
+    logs = []
+    s = train(base_config(tmp_path / "stopped", data, vocab, **kw), log=lambda m: (logs.append(m), log(m)))
+    run = tmp_path / "stopped" / "run"
+    assert s["stopped"] == "SIGTERM" and s["steps"] == 2
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"] == 2 and not (run / "model").exists()
+    assert any("stopped by SIGTERM at step 2: checkpoint written; continue with --resume" in m for m in logs)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL    # handlers restored
+    train(base_config(tmp_path / "stopped", data, vocab, resume=True, **kw), log=lambda s: None)
+    a = LanguageModel.from_pretrained(tmp_path / "straight" / "run" / "model").state_dict()
+    b = LanguageModel.from_pretrained(run / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # From the command line: status 128 + SIGTERM, and a second signal ends at once.
+    import torchelmo.train.loop as loop
+    real = loop._log_window
+
+    def twice(t, *a):
+        real(t, *a)
+        if t.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(loop, "_log_window", twice)
+    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--model", "tiny", "--max-steps", "6",
+            "--log-every", "1", "--threads", "1", "--no-progress", "--batch-size", "4", "--unroll", "5"]
+    assert cli_main(argv + ["--out", str(tmp_path / "twice")]) == 130          # interrupted at once
+    monkeypatch.setattr(loop, "_log_window", lambda t, *a: (real(t, *a), t.step == 1 and os.kill(os.getpid(), signal.SIGTERM)))
+    assert cli_main(argv + ["--out", str(tmp_path / "once")]) == 128 + signal.SIGTERM
+
+
+def test_a_run_directory_is_not_reused_silently(tmp_path, fixture_corpus, capsys):
+    data, vocab = fixture_corpus
+    kw = dict(max_steps=2, checkpoint_every=1, keep_checkpoints=2)
+    train(base_config(tmp_path, data, vocab, **kw), log=lambda s: None)
+    run = tmp_path / "run"
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with pytest.raises(ElmoError, match=r"holds a training run \(checkpoint.pt, checkpoints, metrics.jsonl.*"
+                                        r"continue it with --resume, or start over with --overwrite"):
+        train(base_config(tmp_path, data, vocab, **kw), log=lambda s: None)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before   # nothing touched
+    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--model", "tiny", "--max-steps", "1",
+            "--threads", "1", "--no-progress", "--out", str(run)]
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and len(err.strip().splitlines()) == 1
+    # --overwrite starts over: the old run's snapshots are gone, not left to sort after the new ones.
+    train(base_config(tmp_path, data, vocab, overwrite=True, max_steps=1, checkpoint_every=1000), log=lambda s: None)
+    assert not (run / "checkpoints").exists()
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"] == 1
+    # A model directory is never a run directory.
+    with pytest.raises(ElmoError, match="holds a model, not a training run"):
+        train(base_config(tmp_path, data, vocab, overwrite=True, out_dir=str(run / "model")), log=lambda s: None)
+    # A resumed run takes its time limit from its own command line, not from the checkpoint.
+    train(base_config(tmp_path / "tl", data, vocab, max_steps=3, time_limit=1e-9), log=lambda s: None)
+    s = train(base_config(tmp_path / "tl", data, vocab, max_steps=3, resume=True), log=lambda s: None)
+    assert "stopped" not in s and s["steps"] == 3

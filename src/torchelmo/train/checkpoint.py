@@ -34,7 +34,7 @@ from ..errors import ElmoError
 from ..fileio import GuardedWriter, atomic_path, write_error
 from ..lm import LanguageModel
 from ..vocab import Vocabulary
-from .config import RESUME_OVERRIDABLE, TrainConfig
+from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
 
 CHECKPOINT_NAME = "checkpoint.pt"
 KEPT_DIR = "checkpoints"
@@ -145,7 +145,41 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any]) -> tuple[
         raise ElmoError(f"{path}: cannot resume from it: missing {', '.join(missing)}")
     if not isinstance(ckpt["config"], dict):
         raise ElmoError(f"{path}: its config is a {type(ckpt['config']).__name__}, not an object")
-    return {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}, ckpt
+    merged = {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}
+    merged.update({k: settings.get(k, default) for k, default in PER_INVOCATION.items()})
+    return merged, ckpt
+
+
+# What a run writes into its directory; a new run there would mix with or silently replace it.
+RUN_FILES = (CHECKPOINT_NAME, KEPT_DIR, "metrics.jsonl", "train_config.json", "model", "best", "published",
+             "tensorboard")
+
+
+# What a run killed before its first checkpoint leaves, and a new run rewrites from the start.
+RUN_LOGS = ("metrics.jsonl", "train_config.json", "tensorboard")
+
+
+def claim_run_dir(out_dir: str | Path, overwrite: bool, resume: bool = False, delete: bool = True) -> None:
+    """Make sure a new run may start in ``out_dir``: refuse one that holds a run (unless
+    ``overwrite``, which deletes that run's files when ``delete``) or a model. ``resume`` (asked
+    to resume, and there is no checkpoint): the logs of a run killed before its first checkpoint
+    are no obstacle; they are rewritten."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        raise ElmoError(f"{out}: holds a model, not a training run; give another --out")
+    found = [name for name in RUN_FILES if (out / name).exists() and not (resume and name in RUN_LOGS)]
+    if not found:
+        return
+    if not overwrite:
+        raise ElmoError(f"{out}: holds a training run ({', '.join(found)}); continue it with --resume, or "
+                        "start over with --overwrite (which deletes that run)")
+    if delete:
+        import shutil
+        for name in found:
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher,

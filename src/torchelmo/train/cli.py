@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     add_quiet_args(g)
     g.add_argument("--resume", action="store_true", default=S,
                    help="continue from OUT/checkpoint.pt if there is one (else start)")
+    g.add_argument("--overwrite", action="store_true", default=S,
+                   help="start a new run in an OUT that holds one, deleting it (without this or "
+                        "--resume, such an OUT is refused)")
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -123,6 +127,8 @@ def _run_train(args) -> int:
     cfg, ckpt = config_from_args(args)
     quiet = getattr(args, "quiet", 0)
     summary = train(cfg, log=(lambda _: None) if quiet else None, resume_from=ckpt)
+    if summary.get("stopped") in ("SIGINT", "SIGTERM"):   # a clean stop, but not the run's end
+        return 128 + int(getattr(signal, summary["stopped"]))
     if quiet and show_summary(args) and os.environ.get("RANK", "0") == "0":
         best = summary.get("best_valid_ppl_mean")
         print(f"elmo train: {summary['steps']} steps, {summary['tokens']:,} tokens in "

@@ -34,6 +34,9 @@ TRAIN_PRESETS: dict[str, Callable[[], ElmoConfig]] = {
 # Fields that may be changed when resuming (they do not change what is computed, or extend it).
 RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
                       "threads", "progress", "out_dir", "resume", "keep_checkpoints", "time_limit"}
+# Fields that belong to one invocation: a resumed run takes them from its own command line (or
+# their defaults), never from the checkpoint.
+PER_INVOCATION = {"time_limit": None, "overwrite": False}
 
 
 @dataclass
@@ -74,6 +77,7 @@ class TrainConfig:
     keep_checkpoints: int = 0              # also keep the last N checkpoints in checkpoints/ (for elmo average)
     patience: int | None = None            # early stopping: evaluations without improvement
     time_limit: float | None = None        # minutes for this invocation; then checkpoint and stop (--resume goes on)
+    overwrite: bool = False                # start over in an out_dir that holds a run (deleting it)
     init_from: str | None = None
     threads: int | None = None
     device: str = "auto"

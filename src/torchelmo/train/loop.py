@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -49,6 +51,32 @@ def _log_window(t: Trainer, window: _Window, metrics: MetricsLog | None, bar) ->
               f"{entry['tokens_per_s']:.0f} tok/s lr {entry['lr']:.3g}")
 
 
+class StopSignals:
+    """SIGINT and SIGTERM while training: the step in progress finishes, a checkpoint is written
+    and the run stops, to be continued with ``--resume``; a second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():   # elsewhere signals cannot be set
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+        return False
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
 def run_loop(t: Trainer) -> dict:
     cfg, env, p = t.cfg, t.env, t.progress
     t.write_config()
@@ -62,7 +90,9 @@ def run_loop(t: Trainer) -> dict:
     window, stopped_early, last_eval = _Window(), False, None
     should_stop = lambda: cfg.max_steps is not None and t.step >= cfg.max_steps  # noqa: E731
     deadline = None if cfg.time_limit is None else time.monotonic() + 60.0 * cfg.time_limit
+    signals = StopSignals()
     try:
+        signals.__enter__()
         while not should_stop():
             t0 = time.perf_counter()
             micro = t.next_micro_batches()
@@ -88,16 +118,24 @@ def run_loop(t: Trainer) -> dict:
             if stopped_early:
                 t.log(f"early stopping at step {t.step}: no improvement in {cfg.patience} evaluations")
                 break
-            if deadline is not None and not should_stop() and _past(t, deadline):
+            if should_stop():
+                continue
+            stop = None
+            if signals.signum is not None or t.env.active:
+                stop = _agree(t, signal.Signals(signals.signum).name if signals.signum else None)
+            if stop is None and deadline is not None and _agree(t, time.monotonic() >= deadline):
+                stop = "time_limit"
+            if stop:
                 if window.tokens:
                     _log_window(t, window, metrics, bar)
                 if t.last_checkpoint_step != t.step:
                     t.save_checkpoint()
-                t.log(f"time limit of {cfg.time_limit:g} min reached at step {t.step}: checkpoint written; "
-                      "continue with --resume")
-                return _summary(t, n_params, last_eval, stopped="time_limit")
+                why = f"time limit of {cfg.time_limit:g} min reached" if stop == "time_limit" else f"stopped by {stop}"
+                t.log(f"{why} at step {t.step}: checkpoint written; continue with --resume")
+                return _summary(t, n_params, last_eval, stopped=stop)
         last_eval = _finish(t, metrics, last_eval)
     finally:
+        signals.__exit__()
         if bar is not None:
             bar.close()
         if metrics is not None:
@@ -116,13 +154,13 @@ def _summary(t: Trainer, n_params: int, last_eval: dict | None, stopped: str | N
     return summary
 
 
-def _past(t: Trainer, deadline: float) -> bool:
-    """Whether the deadline has passed, as rank 0 sees it (every rank stops at the same step)."""
-    late = [time.monotonic() >= deadline]
+def _agree(t: Trainer, value):
+    """``value`` as rank 0 has it, on every rank (so that all ranks stop at the same step)."""
+    box = [value]
     if t.env.active:
         import torch.distributed as dist
-        dist.broadcast_object_list(late, src=0)
-    return late[0]
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 def _finish(t: Trainer, metrics: MetricsLog | None, last_eval: dict | None) -> dict | None:
     """A final validation and checkpoint, and the model directories (rank 0)."""

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -265,6 +266,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_fro
         settings, resume_from = ckpt_io.resume_point(cfg.out_dir, asdict(cfg))
         if resume_from is not None:
             cfg = TrainConfig.from_dict(settings, str(Path(cfg.out_dir) / ckpt_io.CHECKPOINT_NAME))
+    if resume_from is None:   # a new run: checked on every rank before anything is written
+        ckpt_io.claim_run_dir(cfg.out_dir, cfg.overwrite, cfg.resume, delete=os.environ.get("RANK", "0") == "0")
     trainer = Trainer(cfg, log, resume_from)
     distributed = trainer.env.active
     try:
