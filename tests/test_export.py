@@ -3,6 +3,7 @@ equal the eager biLM on sentences of mixed lengths (padding included), batch and
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -129,3 +130,46 @@ def test_export_leaves_the_model_as_it_was(tmp_path):
     assert export(bilm, tmp_path / "m.pt") <= 1e-5
     assert bilm.training and bilm.precision == "bf16"
     assert all(torch.equal(v, before[k]) for k, v in bilm.state_dict().items())
+
+
+def test_export_writes_out_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    import torchelmo.export as E
+    bilm = _tiny_random(seed=3)
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"the previous export")
+
+    def leftovers():
+        return sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp"))
+    # A failed verification (as with NaN weights) raises and keeps the previous OUT.
+    monkeypatch.setattr(E, "max_difference", lambda *a, **k: float("nan"))
+    with pytest.raises(ElmoError, match="would differ from the eager model by nan.*nothing was written"):
+        export(bilm, out)
+    assert out.read_bytes() == b"the previous export" and not leftovers()
+    monkeypatch.undo()
+    # Interrupted mid-way (Ctrl-C or SIGTERM, which the command turns into the same): the same.
+    monkeypatch.setattr(E.torch.jit, "save", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        export(bilm, out)
+    assert out.read_bytes() == b"the previous export" and not leftovers()
+    monkeypatch.undo()
+    # A full disk: one line, the previous OUT kept.
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name.endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(ElmoError, match="cannot write the export: No space left on device"):
+        export(bilm, out)
+    assert out.read_bytes() == b"the previous export" and not leftovers()
+    monkeypatch.undo()
+    # A directory as OUT: one line, before the model is even loaded.
+    monkeypatch.setattr(E.BiLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded the model first"))
+    assert main(["export", "default", str(tmp_path), "--format", "torchscript"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a directory" in err
+    monkeypatch.undo()
+    # And a good export replaces OUT whole.
+    assert export(bilm, out) <= 1e-5
+    assert out.read_bytes() != b"the previous export" and not leftovers()

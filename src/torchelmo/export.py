@@ -24,6 +24,7 @@ layers store them.
 from __future__ import annotations
 
 import importlib.util
+import io
 import warnings
 from pathlib import Path
 
@@ -35,8 +36,10 @@ from . import weights
 from .bilm import BiLM
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
 from .errors import ElmoError
+from .fileio import atomic_path, write_error
 from .lstm import FORGET_BIAS   # the published B leaves the forget gate's 1 out, as bilm-tf does
 from .runtime import add_device_args, apply_device_args
+from .signals import Interrupts
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
@@ -201,7 +204,7 @@ def format_for(out: str | Path, fmt: str | None) -> str:
     return SUFFIXES[suffix]
 
 
-def _write_onnx(module: torch.jit.ScriptModule, example: torch.Tensor, out: Path, opset: int) -> None:
+def _write_onnx(module: torch.jit.ScriptModule, example: torch.Tensor, out, opset: int) -> None:
     dynamic = {"char_ids": {0: "batch", 1: "tokens"}, "layers": {1: "batch", 2: "tokens"},
                "mask": {0: "batch", 1: "tokens"}}
     with warnings.catch_warnings():
@@ -251,30 +254,44 @@ def max_difference(bilm: BiLM, path: str | Path, fmt: str | None = None,
 
 
 def export(model: BiLM | str | Path, out: str | Path, format: str | None = None, *,
-           verify: bool = True, opset: int = OPSET) -> float | None:
-    """Write ``model`` (a :class:`BiLM` or anything :meth:`BiLM.from_pretrained` accepts) to
-    ``out`` as TorchScript or ONNX (``format``, or from the suffix: .onnx, .pt, .ts).
+           verify: bool = True, opset: int = OPSET, device: torch.device | str | None = None) -> float | None:
+    """Write ``model`` (a :class:`BiLM` or anything :meth:`BiLM.from_pretrained` accepts, then
+    moved to ``device``) to ``out`` as TorchScript or ONNX (``format``, or from the suffix: .onnx,
+    .pt, .ts).
 
     With ``verify``, the written file is run on sentences of mixed lengths and compared with the
     eager model; returns that largest difference (None for ONNX without onnxruntime installed),
     and raises :class:`ElmoError` if it exceeds 1e-4.
+
+    As every writer of the library: ``out`` is checked before any work, the file is written
+    under a temporary name beside it, and it replaces ``out`` only when complete and verified; a
+    failure, an interrupt or a kill leaves a previous ``out`` as it was.
     """
     fmt = format_for(out, format)
     if fmt == "onnx" and not MIN_OPSET <= opset <= MAX_OPSET:
         raise ElmoError(f"export: ONNX opset {opset} is not supported (use {MIN_OPSET} to {MAX_OPSET})")
-    bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)
-    module = exportable(bilm)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "torchscript":
-        module.save(str(out))
-    else:
-        _write_onnx(module, batch_to_ids(CHECK_SENTENCES), out, opset)
-    if not verify or (fmt == "onnx" and not _has("onnxruntime")):
-        return None
-    diff = max_difference(bilm, out, fmt)
-    if not diff <= 1e-4:
-        raise ElmoError(f"export: {out} differs from the eager model by {diff:.3g} (over 1e-4)")
+    with atomic_path(out) as tmp:
+        bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)
+        if device is not None:
+            bilm = bilm.to(device)
+        module = exportable(bilm)
+        try:
+            if fmt == "torchscript":
+                # Serialised in memory first: a full disk then fails one Python write (a clean
+                # error) instead of aborting the interpreter inside torch's C++ writer.
+                data = io.BytesIO()
+                torch.jit.save(module, data)
+                tmp.write_bytes(data.getvalue())
+            else:
+                _write_onnx(module, batch_to_ids(CHECK_SENTENCES), tmp, opset)
+        except OSError as e:
+            raise write_error(out, e, "cannot write the export") from None
+        if not verify or (fmt == "onnx" and not _has("onnxruntime")):
+            return None
+        diff = max_difference(bilm, tmp, fmt)
+        if not diff <= 1e-4:
+            raise ElmoError(f"export: {out} would differ from the eager model by {diff:.3g} (over 1e-4); "
+                            "nothing was written")
     return diff
 
 
@@ -303,8 +320,8 @@ def add_subcommand(sub) -> None:
 def run(args) -> int:
     fmt = format_for(args.out, args.format)
     device = apply_device_args(args)
-    bilm = BiLM.from_pretrained(args.model).to(device)
-    diff = export(bilm, args.out, fmt, verify=not args.no_verify, opset=args.opset)
+    with Interrupts():   # SIGTERM unwinds like Ctrl-C: the temporary file goes, OUT stays as it was
+        diff = export(args.model, args.out, fmt, verify=not args.no_verify, opset=args.opset, device=device)
     if args.no_verify:
         note = "not verified"
     elif diff is None:
