@@ -1,10 +1,11 @@
-"""``elmo probe pos|wsd|ner|all|report``: layer probes of a frozen biLM, with controls.
+"""``elmo probe pos|pos-wsj|deps|tag|wsd|ner|all|report``: layer probes of a frozen biLM, with controls.
 
 Every task is run on the model and, unless ``--no-control``, on the control: the same architecture
 with random weights (``--control-seed``). E0 (the context-free layer) is probed in every task, so
 "E0 only" is always there too. Results accumulate in ``OUT/results.json`` (one key per task) and
 ``OUT/report.md`` + PNGs are rewritten after each task. ``--out`` has no default: the committed
 report of this repository lives in ``results/probe``, and a run must not overwrite it by accident.
+``elmo probe tag TRAIN TEST --column N`` runs the POS probe on any token-per-line file with a tag column.
 Features are cached in ``--cache`` (default ``$ELMO_PROBE_CACHE``, else ``~/.cache/elmo/probe``).
 """
 
@@ -21,17 +22,19 @@ from ..runtime import add_device_args, add_quiet_args, apply_device_args, show_p
 
 DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
     "pos": ["pos/ud-english-ewt/en_ewt-ud-train.conllu", "pos/ud-english-ewt/en_ewt-ud-dev.conllu",
-            "pos/ud-english-ewt/en_ewt-ud-test.conllu"],
+            "pos/ud-english-ewt/en_ewt-ud-test.conllu"],   # also the dependency probes' trees
+    "treebank": "text/nltk/treebank.zip",
     "semcor": ["wsd/semcor/semcor.data.xml.gz", "wsd/semcor/semcor.gold.key.txt.gz"],
     "wsd_eval": "wsd/raganato-eval/Evaluation_Datasets/ALL/ALL.data.xml",
     "sense_index": "wsd/wordnet-sense-index/index.sense",
     "ner": ["ner/wnut17/wnut17train.conll", "ner/wnut17/emerging.dev.conll",
             "ner/wnut17/emerging.test.annotated"],
 }
+ALL_TASKS = ("pos", "pos_wsj", "deps", "wsd", "ner")  # `elmo probe all`, in this order
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("probe", help="probe what each biLM layer knows (POS, WSD, NER) with controls",
+    p = sub.add_parser("probe", help="probe what each biLM layer knows (POS, syntax, WSD, NER) with controls",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
 
@@ -52,15 +55,29 @@ def add_subcommand(sub) -> None:
         q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
         add_quiet_args(q)
 
-    def pos_args(q, required):
-        q.add_argument("--train", type=Path, required=required, help="CoNLL-U training file")
-        q.add_argument("--dev", type=Path, required=required, help="CoNLL-U development file")
-        q.add_argument("--test", type=Path, required=required, help="CoNLL-U test file")
-        q.add_argument("--tagset", choices=["upos", "xpos"], default="upos",
-                       help="which tag column to predict (default upos)")
+    def probe_args(q):
         q.add_argument("--limit", type=int, help="use the first N training sentences (and N/4 dev/test)")
         q.add_argument("--max-epochs", type=int, default=40,
                        help="probe training epochs at most (default 40)")
+
+    def ud_args(q, required):
+        q.add_argument("--train", type=Path, required=required, help="CoNLL-U training file")
+        q.add_argument("--dev", type=Path, required=required, help="CoNLL-U development file")
+        q.add_argument("--test", type=Path, required=required, help="CoNLL-U test file")
+
+    def pos_args(q, required):
+        ud_args(q, required)
+        q.add_argument("--tagset", choices=["upos", "xpos"], default="upos",
+                       help="which tag column to predict (default upos)")
+        probe_args(q)
+
+    def wsj_args(q):
+        q.add_argument("--treebank", type=Path,
+                       help="NLTK's treebank.zip (the WSJ sample; default: under --data)")
+
+    def data_arg(q, what):
+        q.add_argument("--data", type=Path, help=f"folder in the layout of ../shared/data: {what} "
+                                                 "default to the files under it")
 
     def wsd_args(q, required):
         q.add_argument("--semcor", type=Path, required=required, help="SemCor *.data.xml[.gz]")
@@ -88,17 +105,36 @@ def add_subcommand(sub) -> None:
     q = tasks.add_parser("pos", help="linear POS probes per layer + mix (CoNLL-U)")
     common(q), pos_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["pos"]))
+    q = tasks.add_parser("pos-wsj", help="linear POS probes per layer + mix on the WSJ sample (PTB tags)")
+    common(q), wsj_args(q), probe_args(q), data_arg(q, "--treebank")
+    q.set_defaults(func=lambda a: _run(a, ["pos_wsj"]))
+    q = tasks.add_parser("deps", help="dependency arc (UAS) and label probes per layer + mix (CoNLL-U)")
+    common(q), ud_args(q, False), probe_args(q), data_arg(q, "--train/--dev/--test (UD EWT)")
+    q.set_defaults(func=lambda a: _run(a, ["deps"]))
+    q = tasks.add_parser("tag", help="linear tag probes per layer + mix on any token-per-line file")
+    common(q)
+    q.add_argument("tag_train", type=Path, metavar="TRAIN", help="training file: one token per line, "
+                   "whitespace-separated columns, a blank line between sentences, '#' lines skipped")
+    q.add_argument("tag_test", type=Path, metavar="TEST", help="test file, the same columns")
+    q.add_argument("--column", type=int, required=True, help="0-based column of the tag to predict")
+    q.add_argument("--token-column", type=int, default=0, help="0-based column of the token (default 0)")
+    q.add_argument("--dev", dest="tag_dev", type=Path, metavar="FILE",
+                   help="development file (default: the last 10%% of TRAIN's sentences)")
+    q.add_argument("--name", help="results key tag:NAME (default: tag)")
+    probe_args(q)
+    q.set_defaults(func=lambda a: _run(a, [f"tag:{a.name}" if a.name else "tag"]))
     q = tasks.add_parser("wsd", help="1-NN WSD with SemCor sense vectors, per layer + mix")
     common(q), wsd_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["wsd"]))
     q = tasks.add_parser("ner", help="WNUT-17 BiLSTM tagger: mix vs E0 vs static embeddings")
     common(q), ner_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["ner"]))
-    q = tasks.add_parser("all", help="pos, wsd and ner on the data sets under --data")
-    common(q), pos_args(q, False), wsd_args(q, False), ner_args(q, False)
+    q = tasks.add_parser("all", help=f"{', '.join(ALL_TASKS)} on the data sets under --data")
+    common(q), pos_args(q, False), wsj_args(q), wsd_args(q, False), ner_args(q, False)
     q.add_argument("--data", type=Path, required=True,
-                   help="folder in the layout of ../shared/data (pos/, wsd/, ner/)")
-    q.add_argument("--tasks", default="pos,wsd,ner", help="comma-separated subset")
+                   help="folder in the layout of ../shared/data (pos/, text/nltk/, wsd/, ner/)")
+    q.add_argument("--tasks", default=",".join(ALL_TASKS),
+                   help=f"comma-separated subset (default {','.join(ALL_TASKS)}; deps reads --train/--dev/--test)")
     q.set_defaults(func=_run_all)
     q = tasks.add_parser("report", help="rewrite report.md and the plots from OUT/results.json")
     q.add_argument("--out", type=Path, required=True, help="folder holding results.json")
@@ -125,9 +161,8 @@ def _run_all(args) -> int:
     d = args.data
     if not d.is_dir():
         raise ElmoError(f"{d}: no such data folder")
-    args.train = args.train or d / DATA_LAYOUT["pos"][0]
-    args.dev = args.dev or d / DATA_LAYOUT["pos"][1]
-    args.test = args.test or d / DATA_LAYOUT["pos"][2]
+    _ud_defaults(args, d)
+    args.treebank = args.treebank or d / DATA_LAYOUT["treebank"]
     args.semcor = args.semcor or d / DATA_LAYOUT["semcor"][0]
     if args.semcor_key is None and args.semcor == d / DATA_LAYOUT["semcor"][0]:
         args.semcor_key = d / DATA_LAYOUT["semcor"][1]
@@ -137,10 +172,29 @@ def _run_all(args) -> int:
     args.ner_dev = args.ner_dev or d / DATA_LAYOUT["ner"][1]
     args.ner_test = args.ner_test or d / DATA_LAYOUT["ner"][2]
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    bad = [t for t in tasks if t not in ("pos", "wsd", "ner")]
+    bad = [t for t in tasks if t not in ALL_TASKS]
     if bad or not tasks:
-        raise ElmoError(f"--tasks: unknown task(s) {', '.join(bad) or '(none)'}; choose from pos, wsd, ner")
+        raise ElmoError(f"--tasks: unknown task(s) {', '.join(bad) or '(none)'}; "
+                        f"choose from {', '.join(ALL_TASKS)}")
+    # Every input checked before the first task: a missing file should not surface an hour in.
+    inputs = {"pos": [args.train, args.dev, args.test], "deps": [args.train, args.dev, args.test],
+              "pos_wsj": [args.treebank], "wsd": [args.semcor, args.semcor_key, args.eval, args.sense_index],
+              "ner": [args.ner_train, args.ner_dev, args.ner_test, *(args.corpus or [])]}
+    for t in tasks:
+        for path in inputs[t]:
+            if path is not None and not Path(path).is_file():
+                raise ElmoError(f"{path}: no such file (needed by task {t}; leave it out of --tasks or "
+                                "give the file)")
     return _run(args, tasks)
+
+
+def _ud_defaults(args, d: Path | None) -> None:
+    """--train/--dev/--test not given: UD EWT under ``d`` (``--data``)."""
+    for k, attr in enumerate(("train", "dev", "test")):
+        if getattr(args, attr) is None:
+            if d is None:
+                raise ElmoError(f"--{attr}: give the CoNLL-U file, or --data for the one under it")
+            setattr(args, attr, d / DATA_LAYOUT["pos"][k])
 
 
 def _run(args, tasks: list[str]) -> int:
@@ -162,7 +216,8 @@ def _run(args, tasks: list[str]) -> int:
                         "precision": model.resolved_precision().name}
     for task in tasks:
         t0 = time.time()
-        results[task] = {"pos": _pos, "wsd": _wsd, "ner": _ner}[task](args, models, cache)
+        run = _tag if task.split(":")[0] == "tag" else RUNNERS[task]
+        results[task] = run(args, models, cache)
         results[task]["seconds"] = round(time.time() - t0, 1)
         write_results(results_path, results)
         render(results, args.out)
@@ -171,25 +226,100 @@ def _run(args, tasks: list[str]) -> int:
     return 0
 
 
-def _pos(args, models, cache) -> dict:
-    from .conll import read_conllu
+def _limits(lim: int | None) -> tuple:
+    """``--limit N``: N training sentences, N/4 dev and test (None: all)."""
+    return lim, lim and max(1, lim // 4), lim and max(1, lim // 4)
+
+
+def _log(args):
+    return print if show_summary(args) else (lambda m: None)
+
+
+def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
+    """The POS probe (:func:`~.pos.run_pos`) of each model on (train, dev, test) tagged sentences;
+    features cached as ``{task}-{split}``."""
     from .features import extract
     from .pos import ProbeConfig, run_pos
     from .report import summarize_pos
-    lim = args.limit
-    sets = [read_conllu(p, args.tagset, limit=n) for p, n in
-            ((args.train, lim), (args.dev, lim and max(1, lim // 4)), (args.test, lim and max(1, lim // 4)))]
     cfg = ProbeConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
     out = {}
     for name, m in models.items():
         if show_progress(args):
-            print(f"pos: {name} model")
+            print(f"{task}: {name} model")
+        feats = [extract(m, [s.tokens for s in ss], cache, name=f"{task}-{split}", max_tokens=args.max_tokens,
+                         progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
+        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log)
+    return summarize_pos(out["trained"], out.get("control_random"))
+
+
+def _pos(args, models, cache) -> dict:
+    from .conll import read_conllu
+    sets = [read_conllu(p, args.tagset, limit=n) for p, n in zip((args.train, args.dev, args.test),
+                                                                 _limits(args.limit))]
+    res = _tagging(args, models, cache, sets, "pos")
+    res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test),
+                   "tagset": args.tagset, "limit": args.limit}
+    return res
+
+
+def _pos_wsj(args, models, cache) -> dict:
+    from .treebank import SPLITS, read_treebank
+    if args.treebank is None:
+        if getattr(args, "data", None) is None:
+            raise ElmoError("--treebank: give NLTK's treebank.zip, or --data for the one under it")
+        args.treebank = args.data / DATA_LAYOUT["treebank"]
+    sets = [read_treebank(args.treebank, split, limit=n) for split, n in zip(SPLITS, _limits(args.limit))]
+    res = _tagging(args, models, cache, sets, "wsj", log=_log(args))
+    res["data"] = {"treebank": str(args.treebank), "limit": args.limit,
+                   "splits": {k: f"wsj_{a:04d}-wsj_{b:04d}" for k, (a, b) in SPLITS.items()},
+                   "sentences": [len(ss) for ss in sets], "tokens": "PTB codes unescaped (-LRB- -> (, `` -> \")"}
+    return res
+
+
+def _deps(args, models, cache) -> dict:
+    from .conll import read_conllu_trees
+    from .deps import DepsConfig, run_deps
+    from .features import extract
+    from .report import summarize_deps
+    _ud_defaults(args, getattr(args, "data", None))
+    sets = [read_conllu_trees(p, limit=n) for p, n in zip((args.train, args.dev, args.test), _limits(args.limit))]
+    cfg = DepsConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
+    out = {}
+    for name, m in models.items():
+        if show_progress(args):
+            print(f"deps: {name} model")
+        # Named like the POS probe's features: the same words, so one extraction serves both.
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"pos-{split}", max_tokens=args.max_tokens,
                          progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
-        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg)
-    res = summarize_pos(out["trained"], out.get("control_random"))
-    res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test),
-                   "tagset": args.tagset, "limit": lim}
+        out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args))
+    res = summarize_deps(out["trained"], out.get("control_random"))
+    res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "limit": args.limit}
+    return res
+
+
+def _tag(args, models, cache) -> dict:
+    from .conll import read_columns
+    lim_tr, lim_dev, lim_te = _limits(args.limit)
+
+    def read(path, n):
+        return read_columns(path, args.column, args.token_column, limit=n)
+
+    train, test = read(args.tag_train, lim_tr), read(args.tag_test, lim_te)
+    if args.tag_dev is not None:
+        dev, dev_from = read(args.tag_dev, lim_dev), str(args.tag_dev)
+    else:
+        if len(train) < 2:
+            raise ElmoError(f"{args.tag_train}: {len(train)} sentence(s); without --dev the last 10% "
+                            "of TRAIN is the dev set, so it needs at least 2")
+        n_dev = max(1, round(len(train) / 10))
+        train, dev = train[:-n_dev], train[-n_dev:]
+        dev_from = f"the last {n_dev} of the {len(train) + n_dev} sentences of {args.tag_train}"
+        if show_summary(args):
+            print(f"tag: no --dev: {dev_from} are the dev set (training on the first {len(train)})")
+    res = _tagging(args, models, cache, [train, dev, test], "tag", log=_log(args))
+    res["data"] = {"train": str(args.tag_train), "dev": dev_from, "test": str(args.tag_test),
+                   "column": args.column, "token_column": args.token_column, "limit": args.limit,
+                   "sentences": [len(train), len(dev), len(test)]}
     return res
 
 
@@ -252,3 +382,6 @@ def _ner(args, models, cache) -> dict:
     res["data"] = {"train": str(args.ner_train), "dev": str(args.ner_dev), "test": str(args.ner_test),
                    "limit": lim}
     return res
+
+
+RUNNERS = {"pos": _pos, "pos_wsj": _pos_wsj, "deps": _deps, "wsd": _wsd, "ner": _ner}

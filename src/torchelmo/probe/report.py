@@ -5,6 +5,8 @@
     {"pos": {"E0": acc, "E1": acc, "E2": acc, "mix": acc, "mix_weights": [w0, w1, w2],
              "gamma": g, "intervals": {"E0": [lo, hi], ...}, "baseline": ..., "control_random": {...},
              "details": {...everything the probe measured...}},
+     "pos_wsj": {... as pos, on the WSJ sample ...}, "tag" / "tag:NAME": {... as pos ...},
+     "deps": {"uas": {... as pos, head accuracy ...}, "labels": {... as pos ...}},
      "wsd": {... the same with F1 on ALL ...}, "ner": {...}, "model": {...}}
 """
 
@@ -18,11 +20,25 @@ from .common import layer_names
 
 # Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).
 PAPER = {"pos": {"E1": 0.973, "E2": 0.968}, "wsd": {"E1": 0.674, "E2": 0.690}}
-METRIC = {"pos": "accuracy", "wsd": "F1 (ALL)", "ner": "entity F1"}
+PAPER["pos_wsj"] = PAPER["pos"]   # the paper's POS numbers are on WSJ
+# Orderings docs/science.md expects where the paper has no numbers (syntax in the lower layer).
+EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2")}
+METRIC = {"pos": "accuracy", "pos_wsj": "accuracy", "deps_uas": "UAS", "deps_labels": "label accuracy",
+          "wsd": "F1 (ALL)", "ner": "entity F1"}
+TITLE = {"pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels"}
 
 
 def summarize_pos(trained: dict, control: dict | None = None) -> dict:
     return _summarize(trained, control, "acc", baseline={"majority": trained["majority"]["acc"]})
+
+
+def summarize_deps(trained: dict, control: dict | None = None) -> dict:
+    """``{"uas": ..., "labels": ...}``, each in the flat shape of :func:`summarize_pos`."""
+    baselines = {"uas": {k: v["acc"] for k, v in trained["uas"]["baselines"].items()},
+                 "labels": {"majority": trained["labels"]["majority"]["acc"]}}
+    out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in ("uas", "labels")}
+    out["n_test_words"], out["config"] = trained["n_test_words"], trained["config"]
+    return out
 
 
 def summarize_wsd(trained: dict, control: dict | None = None) -> dict:
@@ -106,11 +122,19 @@ def ordering(a: str, b: str, paired: dict | None) -> str | None:
     return b if lo > 0 else a if hi < 0 else None
 
 
-def _ordering_line(task: str, s: dict) -> str:
-    better, worse = sorted(PAPER[task], key=PAPER[task].get, reverse=True)   # the paper's ordering
+def _ordering_line(task: str, s: dict) -> str | None:
+    """The verdict on the paper's (or the protocol's) E1/E2 ordering; None for a task without one."""
+    if task in PAPER:
+        better, worse = sorted(PAPER[task], key=PAPER[task].get, reverse=True)   # the paper's ordering
+        name = task.upper() if task in ("pos", "wsd") else _title(task)
+        head = f"Paper's ordering {better} > {worse} for {name}"
+    elif task in EXPECTED:
+        better, worse = EXPECTED[task]
+        head = f"Expected ordering {better} > {worse} for {_title(task)}"
+    else:
+        return None
     paired = s.get("paired", {})
     r = paired.get("E2-E1", paired.get("E2-E1 all"))  # WSD: on ALL, like the table
-    head = f"Paper's ordering {better} > {worse} for {task.upper()}"
     if r is None:
         return f"{head}: **not tested** (no paired bootstrap interval of E2 - E1 in the results)."
     ci = f"paired 95% interval of E2 - E1 [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points"
@@ -151,8 +175,8 @@ def _layer_plot(task: str, s: dict, path: Path) -> None:
     lo = min(vals + list(s.get("baseline", {}).values()))
     ax.set_ylim(max(0.0, lo - 0.1), 1.0)
     ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel(METRIC[task])
-    ax.set_title(f"{task.upper()}: per-layer probes (95% bootstrap intervals)")
+    ax.set_ylabel(METRIC.get(task, "accuracy"))
+    ax.set_title(f"{_title(task)}: per-layer probes (95% bootstrap intervals)", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -163,15 +187,16 @@ def _weights_plot(results: dict, path: Path) -> bool:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    tasks = [t for t in ("pos", "wsd", "ner") if t in results and "mix_weights" in results[t]]
+    tasks = [(_title(t), s["mix_weights"]) for t, s in _sections(results) if "mix_weights" in s]
+    tasks += [("NER", results["ner"]["mix_weights"])] if "mix_weights" in results.get("ner", {}) else []
     if not tasks:
         return False
-    L = len(results[tasks[0]]["mix_weights"])
+    L = len(tasks[0][1])
+    tasks = [(t, w) for t, w in tasks if len(w) == L]
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     width = 0.8 / len(tasks)
-    for j, t in enumerate(tasks):
-        w = results[t]["mix_weights"]
-        ax.bar([k + (j - (len(tasks) - 1) / 2) * width for k in range(len(w))], w, width=width, label=t.upper())
+    for j, (t, w) in enumerate(tasks):
+        ax.bar([k + (j - (len(tasks) - 1) / 2) * width for k in range(len(w))], w, width=width, label=t)
     ax.axhline(1 / L, ls="--", lw=1, color="k")
     ax.set_xticks(range(L), layer_names(L))
     ax.set_ylabel("softmax(s)")
@@ -214,9 +239,10 @@ def render(results: dict, out_dir: Path) -> Path:
         lines += [f"Model: `{m.get('path')}` ({m.get('parameters', '?'):,} parameters, fingerprint "
                   f"`{m.get('fingerprint')}`); control: the same architecture with random weights "
                   f"(seed {m.get('control_seed', 0)}).", ""]
-    for task in ("pos", "wsd"):
-        if task in results:
-            lines += _layer_section(task, results[task], out_dir)
+    sections = _sections(results)
+    for task, s in sections:
+        if not task.startswith("tag"):
+            lines += _layer_section(task, s, out_dir)
     if "ner" in results:
         s = results["ner"]
         _ner_plot(s, out_dir / "ner.png")
@@ -226,6 +252,9 @@ def render(results: dict, out_dir: Path) -> Path:
             lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}, "
                       f"gamma = {s['gamma']:.3f}."]
         lines += ["", "![ner](ner.png)", ""]
+    for task, s in sections:
+        if task.startswith("tag"):
+            lines += _layer_section(task, s, out_dir)
     if _weights_plot(results, out_dir / "mix_weights.png"):
         lines += ["## Learned mix weights", "", "![mix weights](mix_weights.png)", ""]
     path = out_dir / "report.md"
@@ -234,10 +263,27 @@ def render(results: dict, out_dir: Path) -> Path:
     return path
 
 
+def _sections(results: dict) -> list[tuple[str, dict]]:
+    """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
+    dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
+    out = [(t, results[t]) for t in ("pos", "pos_wsj") if t in results]
+    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels") if t in results.get("deps", {})]
+    out += [(t, results[t]) for t in ("wsd",) if t in results]
+    out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
+    return out
+
+
+def _title(task: str) -> str:
+    if task == "tag" or task.startswith("tag:"):
+        return f"Tags `{task}`"
+    return TITLE.get(task, task.upper())
+
+
 def _layer_section(task: str, s: dict, out_dir: Path) -> list[str]:
-    """The POS or WSD section: per-layer table, mix, paired differences, plot, the paper's ordering."""
-    _layer_plot(task, s, out_dir / f"{task}_layers.png")
-    lines = [f"## {task.upper()} ({METRIC[task]}, %)", "",
+    """A per-layer task's section: per-layer table, mix, paired differences, plot, the expected ordering."""
+    png = f"{task.replace(':', '_')}_layers.png"
+    _layer_plot(task, s, out_dir / png)
+    lines = [f"## {_title(task)} ({METRIC.get(task, 'accuracy')}, %)", "",
              "| input | trained | random-weights control | paper |", "|---|---|---|---|"]
     for n in _inputs(s):
         c = s.get("control_random", {})
@@ -261,5 +307,6 @@ def _layer_section(task: str, s: dict, out_dir: Path) -> list[str]:
         for name, r in d.get("paired", {}).items():
             lines += ["", f"Paired bootstrap {name.replace('E2-E1', 'E2 - E1')} ({who}): "
                       f"{100 * r['diff']:+.2f} [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points."]
-    lines += ["", f"![{task} per layer]({task}_layers.png)", "", _ordering_line(task, s), ""]
-    return lines
+    lines += ["", f"![{task} per layer]({png})", ""]
+    order = _ordering_line(task, s)
+    return lines + ([order, ""] if order else [])

@@ -1,0 +1,303 @@
+"""Dependency probes: which head each word attaches to (arcs), and with which relation (labels).
+
+Both read one frozen biLM layer (E0, E1, E2) standardised with training statistics, or all
+layers through a learned :class:`~torchelmo.mix.ScalarMix`, with the same hyper-parameters for
+every input (:class:`DepsConfig`), trained with Adam on mini-batches of sentences and
+early-stopped on the development score (the best dev epoch's weights are kept).
+
+* Arc probe: for word ``i`` every candidate head ``j`` in {ROOT} and the sentence's words gets
+  ``s(i, j) = (A x_i) . (B x_j)``, ``A``, ``B`` of rank :attr:`DepsConfig.rank`, ROOT a learned
+  vector in the projected space; cross-entropy over each word's candidates. Metric: UAS, the
+  fraction of words whose highest-scoring candidate is the gold head (punctuation included).
+* Label probe: a linear softmax over ``[x_dep; x_head; x_dep * x_head]`` of each gold arc (ROOT's
+  vector is zeros), predicting the universal relation (the DEPREL before ``:``). Metric: accuracy.
+
+Test scores come with 95% bootstrap intervals over test sentences, and E2 - E1 with a paired one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import ElmoError
+from ..mix import ScalarMix
+from .common import Standardize, fit_early_stopped, layer_names
+from .conll import DepSentence
+from .features import Features
+from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
+
+TASKS = ("uas", "labels")
+
+
+@dataclass
+class DepsConfig:
+    rank: int = 128            # rank of A and B in the arc scorer
+    lr: float = 1e-3
+    batch_size: int = 16       # sentences per mini-batch (~250 words of EWT)
+    max_epochs: int = 40
+    patience: int = 3          # epochs without a dev improvement before stopping
+    weight_decay: float = 0.0
+    mix_l2: float = 0.001      # the paper's lambda * ||s||^2 on the mix scalars
+    seed: int = 0
+    n_boot: int = 1000
+
+
+def universal(rel: str) -> str:
+    """The universal relation of a DEPREL: ``nmod:poss`` -> ``nmod``."""
+    return rel.split(":", 1)[0]
+
+
+@dataclass
+class Trees:
+    """The gold trees of one split, flat over words (rows of its :class:`Features`)."""
+
+    offsets: np.ndarray  # (S + 1,) words of sentence s are offsets[s]:offsets[s + 1]
+    heads: np.ndarray    # (N,) 0 = ROOT, else the 1-based position of the head in its sentence
+    labels: np.ndarray   # (N,) relation ids; -1 = a relation unseen in training (always wrong)
+
+    @classmethod
+    def build(cls, sentences: Sequence[DepSentence], index: dict[str, int]) -> "Trees":
+        offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+        np.cumsum([len(s.heads) for s in sentences], out=offsets[1:])
+        heads = np.array([h for s in sentences for h in s.heads], dtype=np.int64)
+        labels = np.array([index.get(universal(r), -1) for s in sentences for r in s.rels], dtype=np.int64)
+        return cls(offsets, heads, labels)
+
+    @property
+    def n_sentences(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass
+class Batch:
+    """Some sentences' words, gathered and padded for both probes."""
+
+    rows: np.ndarray         # (n,) feature rows of the words, sentence after sentence
+    index: torch.Tensor      # (B, T) position of each word in ``rows``; -1 = padding
+    target: torch.Tensor     # (B, T) gold head as a candidate index (0 ROOT, j word j); -100 padding
+    head_pos: torch.Tensor   # (n,) position of each word's gold head in ``rows``; -1 = ROOT
+    labels: torch.Tensor     # (n,) gold relation ids
+
+    @classmethod
+    def of(cls, trees: Trees, sentences: np.ndarray) -> "Batch":
+        starts, ends = trees.offsets[sentences], trees.offsets[sentences + 1]
+        lengths = ends - starts
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)])
+        first = np.concatenate([[0], np.cumsum(lengths)[:-1]])        # (B,) each sentence's first position
+        steps = np.arange(lengths.max())
+        valid = steps[None] < lengths[:, None]                         # (B, T)
+        heads = trees.heads[rows]
+        target = np.full(valid.shape, -100, dtype=np.int64)
+        target[valid] = heads                                          # row-major order = order of rows
+        head_pos = np.where(heads > 0, np.repeat(first, lengths) + heads - 1, -1)
+        return cls(rows, torch.from_numpy(np.where(valid, first[:, None] + steps[None], -1)),
+                   torch.from_numpy(target), torch.from_numpy(head_pos), torch.from_numpy(trees.labels[rows]))
+
+
+class Encoder(nn.Module):
+    """``(n, F)`` one layer, or ``(L, n, F)`` all layers -> standardised [-> ScalarMix] -> ``(n, F)``."""
+
+    def __init__(self, norm: Standardize, num_layers: int | None = None) -> None:
+        super().__init__()
+        self.norm = norm
+        self.mix = ScalarMix(num_layers) if num_layers else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return x if self.mix is None else self.mix(list(x))
+
+
+class ArcScorer(nn.Module):
+    """Bilinear head scores of rank ``rank``: ``(B, T, T + 1)``, candidate 0 = ROOT, padding -inf."""
+
+    def __init__(self, encoder: Encoder, dim: int, rank: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.dep = nn.Linear(dim, rank, bias=False)    # A
+        self.head = nn.Linear(dim, rank, bias=False)   # B
+        self.root = nn.Parameter(torch.zeros(rank))    # ROOT, already in B's space
+
+    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        h = self.encoder(x)                                            # (n, F)
+        pad = torch.zeros(1, self.root.numel())
+        u = torch.cat([self.dep(h), pad])                              # (n + 1, r); row n = padding
+        v = torch.cat([self.head(h), pad])
+        idx = torch.where(batch.index >= 0, batch.index, len(h))       # (B, T)
+        cand = torch.cat([self.root.expand(len(idx), 1, -1), v[idx]], 1)  # (B, T + 1, r)
+        scores = u[idx] @ cand.transpose(1, 2)                          # (B, T, T + 1)
+        real = torch.cat([torch.ones(len(idx), 1, dtype=torch.bool), batch.index >= 0], 1)
+        return scores.masked_fill(~real[:, None, :], float("-inf"))
+
+    def loss(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        s = self(x, batch)
+        return nn.functional.cross_entropy(s.flatten(0, 1), batch.target.flatten(), ignore_index=-100)
+
+    def correct(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``(n,)`` whether each word's best candidate is its gold head."""
+        valid = batch.index >= 0
+        return (self(x, batch).argmax(-1) == batch.target)[valid]
+
+
+class LabelScorer(nn.Module):
+    """Linear softmax over ``[x_dep; x_head; x_dep * x_head]`` of the gold arcs: ``(n, C)``."""
+
+    def __init__(self, encoder: Encoder, dim: int, n_labels: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.out = nn.Linear(3 * dim, n_labels)
+
+    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        h = self.encoder(x)
+        head = torch.where((batch.head_pos >= 0)[:, None], h[batch.head_pos.clamp(min=0)], 0.0)
+        return self.out(torch.cat([h, head, h * head], -1))
+
+    def loss(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return nn.functional.cross_entropy(self(x, batch), batch.labels)
+
+    def correct(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self(x, batch).argmax(-1) == batch.labels
+
+
+def _gather(x: np.ndarray, rows: np.ndarray, token_axis: int) -> torch.Tensor:
+    return torch.from_numpy(np.take(x, rows, axis=token_axis)).float()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: np.ndarray, trees: Trees, token_axis: int = 0,
+             batch_sentences: int = 256) -> np.ndarray:
+    """``(N,)`` per-word correctness of ``model`` (an :class:`ArcScorer` or :class:`LabelScorer`)."""
+    model.eval()
+    out = []
+    for a in range(0, trees.n_sentences, batch_sentences):
+        b = Batch.of(trees, np.arange(a, min(trees.n_sentences, a + batch_sentences)))
+        out.append(model.correct(_gather(x, b.rows, token_axis), b).numpy())
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
+def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.ndarray, dev: Trees,
+              cfg: DepsConfig, token_axis: int = 0,
+              penalty: Callable[[], torch.Tensor] | None = None) -> dict:
+    """Adam on the probe's loss over mini-batches of sentences, early-stopped on dev accuracy
+    (UAS for arcs); the best epoch's weights are kept in ``model``."""
+    g = torch.Generator().manual_seed(cfg.seed)  # own generator: shuffles do not depend on init
+
+    def epoch_losses():
+        perm = torch.randperm(train.n_sentences, generator=g).numpy()
+        for a in range(0, len(perm), cfg.batch_size):
+            b = Batch.of(train, np.sort(perm[a:a + cfg.batch_size]))
+            loss = model.loss(_gather(x_train, b.rows, token_axis), b)
+            yield loss if penalty is None else loss + penalty()
+
+    def dev_acc() -> float:
+        return float(evaluate(model, x_dev, dev, token_axis).mean())
+
+    fit = fit_early_stopped(model, epoch_losses, dev_acc, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            max_epochs=cfg.max_epochs, patience=cfg.patience)
+    return {"dev_acc": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"],
+            "dev_history": fit["history"]}
+
+
+def sentence_counts(correct: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``(S, 2)`` per-sentence ``(correct, words)``."""
+    c = np.add.reduceat(correct.astype(np.float64), offsets[:-1]) if len(correct) else np.zeros(0)
+    return np.stack([c, np.diff(offsets).astype(np.float64)], 1)
+
+
+def neighbour_heads(offsets: np.ndarray, side: int) -> np.ndarray:
+    """``(N,)`` the heads of the trivial parser that attaches every word to its left (``side=-1``)
+    or right (``+1``) neighbour, and the word without one to ROOT."""
+    lengths = np.diff(offsets)
+    pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths) + 1     # 1-based position
+    head = pos + side
+    return np.where((head >= 1) & (head <= np.repeat(lengths, lengths)), head, 0)
+
+
+def run_deps(train: Features, dev: Features, test: Features,
+             trees: tuple[Sequence[DepSentence], Sequence[DepSentence], Sequence[DepSentence]],
+             cfg: DepsConfig | None = None, log: Callable[[str], None] = print,
+             layers: list[int] | None = None, mix: bool = True) -> dict:
+    """Arc (UAS) and label probes per layer and through the mix; ``trees`` = (train, dev, test).
+
+    Returns ``{"uas": {...}, "labels": {...}, ...}``, each shaped like :func:`~.pos.run_pos`'s
+    result: ``layers`` (per layer ``acc``, ``ci`` and the fit), ``paired`` (E2 - E1), ``mix``
+    (with ``weights`` and ``gamma``).
+    """
+    cfg = cfg or DepsConfig()
+    for name, f, ts in (("train", train, trees[0]), ("dev", dev, trees[1]), ("test", test, trees[2])):
+        n = sum(len(s.heads) for s in ts)
+        if f.offsets is None or f.n != n or len(f.offsets) != len(ts) + 1:
+            raise ElmoError(f"deps: {name} features ({f.n} rows) do not match its trees "
+                            f"({len(ts)} sentences, {n} words)")
+    rels = sorted({universal(r) for s in trees[0] for r in s.rels})
+    if len(rels) < 2:
+        raise ElmoError(f"deps: the training set has {len(rels)} distinct relation(s); need at least 2")
+    index = {r: i for i, r in enumerate(rels)}
+    d_tr, d_dev, d_te = (Trees.build(ts, index) for ts in trees)
+    L, F = train.num_layers, train.dim
+    layers = list(range(L)) if layers is None else layers
+    names = layer_names(L)
+    res: dict = {"n_train_words": int(len(d_tr.heads)), "n_test_words": int(len(d_te.heads)),
+                 "n_test_sentences": d_te.n_sentences, "config": asdict(cfg),
+                 "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}}}
+    unit_counts: dict[str, dict[str, np.ndarray]] = {t: {} for t in TASKS}
+
+    def score(task: str, correct: np.ndarray, name: str | None = None) -> dict:
+        counts = sentence_counts(correct, d_te.offsets)
+        if name is not None:
+            unit_counts[task][name] = counts
+        acc, lo, hi = bootstrap_ci(counts, accuracy_from_counts, cfg.n_boot, seed=cfg.seed)
+        return {"acc": acc, "ci": [lo, hi]}
+
+    res["uas"]["baselines"] = {f"{side} neighbour": score("uas", neighbour_heads(d_te.offsets, k) == d_te.heads)
+                               for side, k in (("left", -1), ("right", 1))}
+    majority = int(np.bincount(d_tr.labels).argmax())
+    res["labels"]["majority"] = {"label": rels[majority], **score("labels", d_te.labels == majority)}
+    log("deps: baselines: UAS " + ", ".join(f"{k} {v['acc']:.4f}" for k, v in res["uas"]["baselines"].items())
+        + f"; labels majority ({rels[majority]}) {res['labels']['majority']['acc']:.4f}")
+
+    def probe(task: str, encoder: Encoder) -> nn.Module:
+        torch.manual_seed(cfg.seed)
+        if task == "uas":
+            return ArcScorer(encoder, F, cfg.rank)
+        return LabelScorer(encoder, F, len(rels))
+
+    def show(task: str, name: str, r: dict) -> None:
+        what = "UAS" if task == "uas" else "label acc"
+        log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
+            f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']})"
+            + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}"
+               if "weights" in r else ""))
+
+    for k in layers:
+        x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
+        norm = Standardize.fit(x_tr)   # fixed statistics: the two probes may share it
+        for task in TASKS:
+            model = probe(task, Encoder(norm))
+            info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
+            r = {**score(task, evaluate(model, x_te, d_te), names[k]), **info}
+            res[task]["layers"][names[k]] = r
+            show(task, names[k], r)
+    for task in TASKS:
+        if "E1" in unit_counts[task] and "E2" in unit_counts[task]:
+            d, lo, hi = paired_diff_ci(unit_counts[task]["E1"], unit_counts[task]["E2"], accuracy_from_counts,
+                                       cfg.n_boot, seed=cfg.seed)
+            res[task]["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
+            log(f"deps: {task} E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
+    if mix:
+        x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
+        norm = Standardize.fit(x_tr, token_axis=1)
+        for task in TASKS:
+            model = probe(task, Encoder(norm, L))
+            info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg, token_axis=1,
+                             penalty=lambda m=model: m.encoder.mix.l2_penalty(cfg.mix_l2))
+            mx = model.encoder.mix
+            r = {**score(task, evaluate(model, x_te, d_te, token_axis=1)), **info,
+                 "weights": mx.weights(), "gamma": mx.gamma_value()}
+            res[task]["mix"] = r
+            show(task, "mix", r)
+    return res

@@ -1,0 +1,302 @@
+"""Syntax probes: the WSJ treebank reader, CoNLL-U trees, token-per-line tag files, the dependency
+probes' metric, and `elmo probe pos-wsj|deps|tag|all` end to end on tiny inline data."""
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from torchelmo import ElmoError
+from torchelmo.probe.conll import DepSentence, read_columns, read_conllu, read_conllu_trees
+from torchelmo.probe.treebank import parse_trees, read_treebank
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DETS, NOUNS, VERBS = ["the", "a", "my"], ["cat", "dog", "bird", "fish"], ["sees", "likes", "eats"]
+
+
+def toy(n, seed):
+    """``n`` sentences 'DET NOUN VERB DET NOUN .' as (words, PTB tags, heads, deprels)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        w = [rng.choice(DETS), rng.choice(NOUNS), rng.choice(VERBS), rng.choice(DETS), rng.choice(NOUNS), "."]
+        det = ["nmod:poss" if d == "my" else "det" for d in (w[0], w[3])]
+        out.append(([str(x) for x in w], ["DT", "NN", "VBZ", "DT", "NN", "."], [2, 3, 0, 5, 3, 3],
+                    [det[0], "nsubj", "root", det[1], "obj", "punct"]))
+    return out
+
+
+def conllu_text(sents, extras=False):
+    lines = []
+    for k, (w, tags, heads, rels) in enumerate(sents):
+        lines.append(f"# sent_id = s{k}")
+        if extras and k == 0:
+            lines.append("1-2\tthecat\t_\t_\t_\t_\t_\t_\t_\t_")   # a multi-word token: skipped
+        for i, (x, t, h, r) in enumerate(zip(w, tags, heads, rels), 1):
+            upos = {"DT": "DET", "NN": "NOUN", "VBZ": "VERB", ".": "PUNCT"}[t]
+            lines.append(f"{i}\t{x}\t{x}\t{upos}\t{t}\t_\t{h}\t{r}\t_\t_")
+            if extras and k == 0 and i == 3:
+                lines.append("3.1\tsaw\tsee\tVERB\tVBD\t_\t_\t_\t3:conj\t_")   # an empty node: skipped
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def mrg_text(sents):
+    trees = []
+    for w, tags, _, _ in sents:
+        lv = [f"({t} {x})" for x, t in zip(w, tags)]
+        trees.append(f"( (S \n    (NP-SBJ {lv[0]} {lv[1]} )\n    (VP {lv[2]} \n      (NP {lv[3]} {lv[4]} )\n"
+                     f"      (S (NP-SBJ (-NONE- *-1) )))\n    {lv[5]} ))\n")
+    return "\n".join(trees)
+
+
+def write_treebank(path, files):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("treebank/combined/README", "not a tree file\n")
+        for num, text in files.items():
+            z.writestr(f"treebank/combined/wsj_{num:04d}.mrg", text)
+    return path
+
+
+# -- readers -------------------------------------------------------------------------------------
+
+def test_treebank_reader_splits_by_file_and_drops_empty_elements(tmp_path):
+    text = ("\n( (S \n    (NP-SBJ (-NONE- *) )\n    (VP (VBD said) \n"
+            "      (`` ``) (-LRB- -LCB-) (NNP Mr.) (-RRB- -RRB-) (''  '') )\n"
+            "    (. .) ))\n( (S (NP (-NONE- *T*-1) )))\n( (FRAG (NN yes) ))\n")
+    zp = write_treebank(tmp_path / "treebank.zip", {1: text, 159: mrg_text(toy(2, 0)), 160: mrg_text(toy(1, 1)),
+                                                    199: mrg_text(toy(3, 2))})
+    train = read_treebank(zp, "train")
+    # -NONE- leaves go; a tree of empty elements only is no sentence; codes become characters.
+    assert [s.tokens for s in train[:2]] == [["said", '"', "{", "Mr.", ")", '"', "."], ["yes"]]
+    assert train[0].tags == ["VBD", "``", "-LRB-", "NNP", "-RRB-", "''", "."] and train[1].tags == ["NN"]
+    assert (train[0].line, train[1].line) == (2, 8)
+    assert len(train) == 4 and train[2].tokens == toy(2, 0)[0][0] and train[2].tags == toy(2, 0)[0][1]
+    assert read_treebank(zp, "train", unescape=False)[0].tokens[1:3] == ["``", "-LCB-"]
+    assert [len(read_treebank(zp, s)) for s in ("dev", "test")] == [1, 3]
+    assert len(read_treebank(zp)) == 8 and len(read_treebank(zp, "train", limit=3)) == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("( (S (NN cat) )\n", r":1: end of file inside a tree"),
+    ("( (S (NN cat) )))\n", r":1: '\)' closes no bracket"),
+    ("( (S (NN cat dog) ))\n", r":1: node \(NN \.\.\.\) mixes words"),
+    ("( (S\n  (NN cat (DT the)) ))\n", r":2: node \(NN cat \.\.\.\) mixes words"),
+    ("( (S (NN cat) ))\nstray\n", r":2: text 'stray' outside a tree"),
+    ("( (S (NN cat) ) oops)\n", r":1: word 'oops' has no tag"),
+    ("( (S (NN cat) () ))\n", r":1: empty bracket \(\)"),
+    ("( (S\n ( cat) ))\n", r":2: empty bracket \(cat\)"),
+])
+def test_treebank_malformed_input_names_file_and_line(tmp_path, text, message):
+    zp = write_treebank(tmp_path / "tb.zip", {5: text})
+    with pytest.raises(ElmoError, match=r"tb\.zip:treebank/combined/wsj_0005\.mrg" + message):
+        read_treebank(zp)
+
+
+def test_treebank_bad_files(tmp_path):
+    with pytest.raises(ElmoError, match="no such file"):
+        read_treebank(tmp_path / "missing.zip")
+    (tmp_path / "x.zip").write_text("not a zip")
+    with pytest.raises(ElmoError, match=r"x\.zip: not a zip file"):
+        read_treebank(tmp_path / "x.zip")
+    with zipfile.ZipFile(tmp_path / "empty.zip", "w") as z:
+        z.writestr("other.txt", "")
+    with pytest.raises(ElmoError, match="no wsj_NNNN.mrg files"):
+        read_treebank(tmp_path / "empty.zip")
+    zp = write_treebank(tmp_path / "tb.zip", {1: mrg_text(toy(1, 0))})
+    with pytest.raises(ElmoError, match="no sentences in split 'test'"):
+        read_treebank(zp, "test")
+    with pytest.raises(ElmoError, match="split must be one of"):
+        read_treebank(zp, "valid")
+    assert parse_trees("", "x") == []
+
+
+def test_conllu_trees_skip_ranges_and_empty_nodes(tmp_path):
+    p = tmp_path / "t.conllu"
+    sents = toy(3, 0)
+    p.write_text(conllu_text(sents, extras=True))
+    trees = read_conllu_trees(p)
+    assert [t.tokens for t in trees] == [s[0] for s in sents]
+    assert trees[0].heads == [2, 3, 0, 5, 3, 3] and trees[0].rels == sents[0][3] and trees[0].line == 3
+    # The same words as the POS reader reads: one feature file serves both probes.
+    assert [s.tokens for s in read_conllu(p)] == [t.tokens for t in trees]
+    assert len(read_conllu_trees(p, limit=2)) == 2
+
+
+@pytest.mark.parametrize("head, rel, message", [
+    ("7", "det", r"t\.conllu:3: word 2 has head '7'; expected 0 \(ROOT\) or another word of the sentence "
+                 r"\(1\.\.2\)"),
+    ("2", "det", r"t\.conllu:3: word 2 has head '2'"),
+    ("_", "det", r"t\.conllu:3: word 2 has head '_'"),
+    ("1", "_", r"t\.conllu:3: word 2 has no DEPREL"),
+])
+def test_conllu_trees_bad_heads(tmp_path, head, rel, message):
+    p = tmp_path / "t.conllu"
+    p.write_text(f"# c\n1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n2\tyou\tyou\tPRON\tPRP\t_\t{head}\t{rel}\t_\t_\n\n")
+    with pytest.raises(ElmoError, match=message):
+        read_conllu_trees(p)
+
+
+def test_read_columns(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("-DOCSTART- -X- O\n\n# a comment\nThe the B-NP\ncat cat I-NP\n\n  \nsat sit B-VP\n")
+    s = read_columns(p, 2)
+    assert [(x.tokens, x.tags, x.line) for x in s] == [(["The", "cat"], ["B-NP", "I-NP"], 4),
+                                                       (["sat"], ["B-VP"], 8)]
+    assert read_columns(p, 2, token_column=1)[0].tokens == ["the", "cat"]
+    assert len(read_columns(p, 0, token_column=2, limit=1)) == 1
+    p.write_text("The DT\ncat NN x\n")
+    with pytest.raises(ElmoError, match=r"t\.txt:2: 3 column\(s\), the file's first token line has 2"):
+        read_columns(p, 1)
+    with pytest.raises(ElmoError, match=r"t\.txt:1: 2 column\(s\), but --column 4 .* need at least 5"):
+        read_columns(p, 4)
+    with pytest.raises(ElmoError, match="both 0"):
+        read_columns(p, 0)
+    p.write_text("# only\n\n")
+    with pytest.raises(ElmoError, match="no sentences"):
+        read_columns(p, 1)
+
+
+# -- the dependency probes' metric -----------------------------------------------------------------
+
+def test_uas_of_a_hand_set_scorer_and_of_the_neighbour_baselines():
+    from torchelmo.probe.common import Standardize
+    from torchelmo.probe.deps import ArcScorer, Batch, Encoder, LabelScorer, Trees, evaluate, neighbour_heads, \
+        sentence_counts
+    # Words are one-hot x = e_i, A = I, B = M: s(i, j) = M[i, j] and s(i, ROOT) = r[i].
+    M = torch.tensor([[0.0, -1, -1], [-0.5, -2, -3], [3, -1, -1]])
+    r = torch.tensor([5.0, -1, -1])
+    model = ArcScorer(Encoder(Standardize(np.zeros(3), np.ones(3))), 3, 3)
+    with torch.no_grad():
+        model.dep.weight.copy_(torch.eye(3))
+        model.head.weight.copy_(M)
+        model.root.copy_(r)
+    x = np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1]]
+    sents = [DepSentence(["a", "b", "c"], [0, 1, 2], ["root", "obj", "obj"]),
+             DepSentence(["a", "b"], [2, 0], ["nsubj", "root"])]
+    trees = Trees.build(sents, {"nsubj": 0, "obj": 1, "root": 2})
+    # Predicted heads: [ROOT, 1, 1] and [ROOT, 1]. In the short sentence every real candidate of word 2
+    # scores below 0, the padding's score: it must be masked, not chosen.
+    correct = evaluate(model, x, trees)
+    assert correct.tolist() == [True, True, False, False, False]
+    assert sentence_counts(correct, trees.offsets).tolist() == [[2, 3], [0, 2]]   # UAS 2/5
+    assert correct.mean() == pytest.approx(0.4)
+    # The trivial parsers: "The cat sleeps" (heads 2 3 0) is all right-neighbour.
+    offsets = np.array([0, 3])
+    assert neighbour_heads(offsets, 1).tolist() == [2, 3, 0]
+    assert neighbour_heads(offsets, -1).tolist() == [0, 1, 2]
+    # The label probe's ROOT arc sees a zero head vector: [x_dep; 0; 0].
+    seen = []
+    lab = LabelScorer(Encoder(Standardize(np.zeros(3), np.ones(3))), 3, 3)
+    lab.out.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    lab(torch.from_numpy(x), Batch.of(trees, np.array([0, 1])))
+    z = seen[0]
+    assert torch.equal(z[0], torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0, 0]))          # word a -> ROOT
+    assert torch.equal(z[1], torch.tensor([0.0, 1, 0, 1, 0, 0, 0, 0, 0]))          # word b -> a
+
+
+# -- end to end on the tiny fixture model ----------------------------------------------------------
+
+def test_cli_tag_end_to_end(allennlp_dir, tmp_path, capsys):
+    from torchelmo.cli import main
+
+    def write(path, sents):   # token, position, PTB tag
+        lines = ["# s\n" + "".join(f"{w} {i} {t}\n" for i, (w, t) in enumerate(zip(words, tags))) + "\n"
+                 for words, tags, _, _ in sents]
+        path.write_text("".join(lines))
+        return path
+
+    train, test = write(tmp_path / "train.txt", toy(30, 0)), write(tmp_path / "test.txt", toy(8, 1))
+    out = tmp_path / "out"
+    args = ["probe", "tag", str(train), str(test), "--column", "2", "--model", str(allennlp_dir),
+            "--out", str(out), "--cache", str(tmp_path / "cache"), "--no-control", "--n-boot", "50",
+            "--max-epochs", "2", "-q"]
+    assert main(args) == 0
+    assert "no --dev: the last 3 of the 30 sentences of" in capsys.readouterr().out
+    res = json.loads((out / "results.json").read_text())["tag"]
+    assert {"E0", "E1", "E2", "mix", "mix_weights", "intervals", "paired"} <= set(res)
+    assert res["data"]["sentences"] == [27, 3, 8]
+    assert res["details"]["trained"]["labels"] == [".", "DT", "NN", "VBZ"]
+    report = (out / "report.md").read_text()
+    assert "## Tags `tag` (accuracy, %)" in report and (out / "tag_layers.png").is_file()
+    # --dev and --name: another key beside the first.
+    assert main(args[:6] + ["--dev", str(test), "--name", "toy"] + args[6:]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert {"tag", "tag:toy"} <= set(res) and res["tag:toy"]["data"]["dev"] == str(test)
+    assert "## Tags `tag:toy`" in (out / "report.md").read_text()
+    # A line with a column too many: one line naming the file and line, exit code 1.
+    test.write_text("the 0 DT\ncat 1 NN extra\n")
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("elmo probe: error:") and "test.txt:2: 4 column(s)" in err[-1]
+
+
+def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
+    from torchelmo.cli import main
+    files = {}
+    for split, (n, seed) in {"train": (40, 0), "dev": (8, 1), "test": (8, 2)}.items():
+        files[split] = tmp_path / f"{split}.conllu"
+        files[split].write_text(conllu_text(toy(n, seed), extras=True))
+    out = tmp_path / "out"
+    assert main(["probe", "deps", "--train", str(files["train"]), "--dev", str(files["dev"]), "--test",
+                 str(files["test"]), "--model", str(allennlp_dir), "--out", str(out),
+                 "--cache", str(tmp_path / "c"),
+                 "--n-boot", "50", "--max-epochs", "2", "-qq"]) == 0
+    res = json.loads((out / "results.json").read_text())["deps"]
+    for task in ("uas", "labels"):
+        s = res[task]
+        assert {"E0", "E1", "E2", "mix", "mix_weights", "gamma", "intervals", "paired", "baseline",
+                "control_random"} <= set(s)
+        assert all(0 <= s[k] <= 1 and s["intervals"][k][0] <= s[k] <= s["intervals"][k][1] for k in ("E0", "mix"))
+        assert len(s["mix_weights"]) == 3 and {"E0", "E1", "E2", "mix"} <= set(s["control_random"])
+    # Baselines on 'DET NOUN VERB DET NOUN .' (heads 2 3 0 5 3 3): left neighbours (0 1 2 3 4 5) get
+    # none, right neighbours (2 3 4 5 6 0) the two determiners and the subject.
+    assert res["uas"]["baseline"] == {"left neighbour": 0.0, "right neighbour": 0.5}
+    assert res["labels"]["details"]["trained"]["labels"] == ["det", "nmod", "nsubj", "obj", "punct", "root"]
+    assert res["n_test_words"] == 48
+    report = (out / "report.md").read_text()
+    for head in ("## Dependency arcs (UAS, %)", "## Dependency labels (label accuracy, %)",
+                 "Expected ordering E1 > E2 for Dependency arcs", "| baseline: left neighbour |"):
+        assert head in report
+    assert (out / "deps_uas_layers.png").is_file() and (out / "mix_weights.png").is_file()
+    # Nothing to default the files from: a one-line error.
+    capsys.readouterr()
+    assert main(["probe", "deps", "--model", str(allennlp_dir), "--out", str(out), "--no-control", "-q"]) == 1
+    assert "--train: give the CoNLL-U file, or --data" in capsys.readouterr().err
+
+
+def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_path, capsys):
+    from torchelmo.cli import main
+    from torchelmo.probe.cli import DATA_LAYOUT
+    data = tmp_path / "data"
+    for path, (n, seed) in zip(DATA_LAYOUT["pos"], ((30, 0), (8, 1), (8, 2))):
+        (data / path).parent.mkdir(parents=True, exist_ok=True)
+        (data / path).write_text(conllu_text(toy(n, seed)))
+    (data / DATA_LAYOUT["treebank"]).parent.mkdir(parents=True)
+    write_treebank(data / DATA_LAYOUT["treebank"], {3: mrg_text(toy(30, 3)), 170: mrg_text(toy(6, 4)),
+                                                    190: mrg_text(toy(6, 5))})
+    out = tmp_path / "out"
+    base = ["probe", "all", "--model", str(allennlp_dir), "--data", str(data), "--out", str(out),
+            "--cache", str(tmp_path / "c"), "--no-control", "--n-boot", "50", "--max-epochs", "2", "-qq"]
+    assert main(base + ["--tasks", "pos_wsj,deps"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res) == {"model", "pos_wsj", "deps"}
+    assert res["pos_wsj"]["data"]["sentences"] == [30, 6, 6] and "mix_weights" in res["pos_wsj"]
+    assert res["pos_wsj"]["details"]["trained"]["labels"] == [".", "DT", "NN", "VBZ"]
+    report = (out / "report.md").read_text()
+    assert "## WSJ POS (accuracy, %)" in report and "Paper's ordering E1 > E2 for WSJ POS" in report
+    assert "| E1 |" in report.split("## WSJ POS")[1] and "## Dependency labels" in report
+    # `probe report` redraws from results.json alone.
+    (out / "report.md").unlink()
+    assert main(["probe", "report", "--out", str(out)]) == 0 and (out / "report.md").read_text() == report
+    capsys.readouterr()
+    assert main(base + ["--tasks", "pos,parse"]) == 1
+    assert "unknown task(s) parse; choose from pos, pos_wsj, deps, wsd, ner" in capsys.readouterr().err
+    # All tasks by default; a missing input stops the run before the first task, naming the file.
+    (out / "results.json").unlink()
+    assert main(base) == 1 and not (out / "results.json").exists()
+    assert "semcor.data.xml.gz: no such file (needed by task wsd" in capsys.readouterr().err
