@@ -333,19 +333,20 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_is_exact(tmp_
     b = LanguageModel.from_pretrained(run / "model").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     # From the command line: status 128 + SIGTERM, and a second signal ends at once.
-    import torchelmo.train.loop as loop
-    real = loop._log_window
+    from torchelmo.train import Trainer
+    real = Trainer._log_window
 
     def twice(t, *a):
         real(t, *a)
         if t.step == 1:
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(loop, "_log_window", twice)
+    monkeypatch.setattr(Trainer, "_log_window", twice)
     argv = ["train", "--train", str(data), "--vocab", str(vocab), "--model", "tiny", "--max-steps", "6",
             "--log-every", "1", "--threads", "1", "--no-progress", "--batch-size", "4", "--unroll", "5"]
     assert cli_main(argv + ["--out", str(tmp_path / "twice")]) == 130          # interrupted at once
-    monkeypatch.setattr(loop, "_log_window", lambda t, *a: (real(t, *a), t.step == 1 and os.kill(os.getpid(), signal.SIGTERM)))
+    monkeypatch.setattr(Trainer, "_log_window",
+                        lambda t, *a: (real(t, *a), t.step == 1 and os.kill(os.getpid(), signal.SIGTERM)))
     assert cli_main(argv + ["--out", str(tmp_path / "once")]) == 128 + signal.SIGTERM
 
 

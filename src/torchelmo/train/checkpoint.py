@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -194,24 +193,6 @@ def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, bat
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:
         msg = " ".join(str(e).split())[:200]
         raise ElmoError(f"{path}: does not fit the run it configures ({type(e).__name__}: {msg})") from None
-
-
-def rng_state(device: torch.device) -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def restore_rng(ckpt: dict, rank: int, world_size: int, device: torch.device) -> bool:
-    """Set this rank's generators as the checkpoint saved them; False if it was written by
-    another number of ranks (the caller reseeds)."""
-    if ckpt["world_size"] != world_size:
-        return False
-    mine = ckpt["rng"][rank]
-    torch.set_rng_state(mine["torch"])
-    random.setstate(mine["python"])
-    if mine.get("cuda") is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(mine["cuda"], device)
-    return True
 
 
 def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,

@@ -1,15 +1,15 @@
-"""One process or many under ``torchrun``: the rank layout, the device, and the collectives a
-checkpoint needs (gloo on CPU, nccl on GPU)."""
+"""One process or many under ``torchrun``: the rank layout, the device, each process's random
+state, and the collectives a checkpoint needs (gloo on CPU, nccl on GPU)."""
 
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import rng_state
 
 
 @dataclass
@@ -61,3 +61,21 @@ def gather_rng(env: DistEnv, device: torch.device) -> list[dict]:
     allr: list = [None] * env.world_size
     dist.all_gather_object(allr, mine)
     return allr
+
+
+def rng_state(device: torch.device) -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def restore_rng(ckpt: dict, rank: int, world_size: int, device: torch.device) -> bool:
+    """Set this rank's generators as the checkpoint saved them; False if it was written by
+    another number of ranks (the caller reseeds)."""
+    if ckpt["world_size"] != world_size:
+        return False
+    mine = ckpt["rng"][rank]
+    torch.set_rng_state(mine["torch"])
+    random.setstate(mine["python"])
+    if mine.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda"], device)
+    return True

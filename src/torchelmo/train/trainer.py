@@ -1,4 +1,5 @@
-"""The training loop: build the LM, step, validate, checkpoint (see :mod:`torchelmo.train`)."""
+"""The training recipe: set up the data, the LM and the optimizer, step, validate, checkpoint, and
+write the model directories (see :mod:`torchelmo.train`)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import MAX_GRAD_ACCUM, TrainConfig
-from .distributed import DistEnv, gather_lstm_state, gather_rng, setup_distributed
-from .loop import run_loop
+from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, setup_distributed
 from .metrics import MetricsLog
+from .progress import StopSignals, Window, progress_bar, report
 
 TRAIN_CONFIG_NAME = "train_config.json"
 
@@ -76,6 +77,11 @@ def micro_seed(base: int, step: int, micro: int) -> int:
 
 
 class Trainer:
+    """A training run as a recipe: ``Trainer(cfg)`` decides where it runs (threads, device, ranks),
+    :meth:`setup` builds each component in turn (:meth:`_setup_data`, :meth:`_setup_model`,
+    :meth:`_setup_optimizer`, :meth:`_setup_restore`), :meth:`train` is the loop and
+    :meth:`cleanup` the teardown. :func:`train` runs the four."""
+
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = None,
                  resume_from: dict | None = None) -> None:
         """``resume_from``: the checkpoint ``cfg`` was merged with (:func:`checkpoint.resume_point`)."""
@@ -85,37 +91,69 @@ class Trainer:
         self.device = resolve_device(cfg.device, "--device")
         self.env = setup_distributed(self.device)
         self._log = log or write     # through tqdm: a log line never lands on the progress bar
-        if cfg.vocab is None:  # built from the training corpus, identically on every rank
+        self.state = None            # carried LSTM state (stream batching)
+        self.progress = ckpt_io.Progress()
+        self.last_checkpoint_step: int | None = None
+
+    def setup(self) -> "Trainer":
+        self._setup_data()
+        self._setup_model()
+        self._setup_optimizer()
+        self._setup_restore()
+        return self
+
+    def _setup_data(self) -> None:
+        """The vocabulary (built from the training corpus, identically on every rank, unless
+        given) and the batcher."""
+        cfg = self.cfg
+        if cfg.vocab is None:
             self.vocab = Vocabulary.build(cfg.train)
             cfg.vocab = str(self.out / "vocab.txt")   # the run's vocabulary file (resume reads it)
             if self.env.is_main:
                 self.vocab.save(cfg.vocab)
         else:
             self.vocab = Vocabulary.from_file(cfg.vocab)
+        self.batcher = make_batcher(cfg, self.vocab, self.env)
+
+    def _setup_model(self) -> None:
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
-        if resume_from is not None:
-            self.lm = ckpt_io.lm_from_checkpoint(resume_from, self.out / ckpt_io.CHECKPOINT_NAME, self.vocab,
+        if self.resumed is not None:
+            self.lm = ckpt_io.lm_from_checkpoint(self.resumed, self.out / ckpt_io.CHECKPOINT_NAME, self.vocab,
                                                  load_weights=False)
         else:
             self.lm = build_lm(cfg, self.vocab, self.log)
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
         self.lm.bilm.precision = cfg.precision   # applied by the model, once per step and evaluation
-        self.optimizer = make_optimizer(cfg, self.lm.parameters())
-        self.batcher = make_batcher(cfg, self.vocab, self.env)
-        self.state = None            # carried LSTM state (stream batching)
-        self.progress = ckpt_io.Progress()
-        self.last_checkpoint_step: int | None = None
-        if resume_from is not None:
-            self._restore(resume_from)
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = make_optimizer(self.cfg, self.lm.parameters())
+
+    def _setup_restore(self) -> None:
+        """The checkpoint's state when resuming (else the dropout streams' seeds), then the DDP
+        wrapper."""
+        if self.resumed is not None:
+            self._restore(self.resumed)
         else:
-            torch.manual_seed(cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
+            torch.manual_seed(self.cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
         self.model: torch.nn.Module = self.lm
         if self.env.active:
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.model = DDP(self.lm, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                              # the adaptive softmax skips the tail clusters no target falls in
                              find_unused_parameters=isinstance(self.lm.softmax, AdaptiveSoftmax))
+
+    def cleanup(self) -> None:
+        """Tear down the process group, if this run started one."""
+        if self.env.active and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()  # rank 0 writes the model dirs last
+            # The DDP reducer holds the process group: free it now, not at interpreter shutdown,
+            # where gloo's threads can be torn down unjoined (a SIGABRT after a finished run).
+            self.model = self.lm = None
+            gc.collect()
+            dist.destroy_process_group()
 
     @property
     def step(self) -> int:
@@ -151,7 +189,7 @@ class Trainer:
             rows = self.batcher.rows
             self.state = [(c[:, rows.start:rows.stop].to(self.device), h[:, rows.start:rows.stop].to(self.device))
                           for c, h in ckpt["lstm_state"]]
-        if not ckpt_io.restore_rng(ckpt, self.env.rank, self.env.world_size, self.device):
+        if not restore_rng(ckpt, self.env.rank, self.env.world_size, self.device):
             self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
                      f"{self.env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
             torch.manual_seed(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
@@ -219,10 +257,6 @@ class Trainer:
         keep = keep.to(self.device).view(1, -1, 1)
         self.state = [(c * keep, h * keep) for c, h in self.state]
 
-    # -- the loop --------------------------------------------------------------------------------
-    def run(self) -> dict:
-        return run_loop(self)
-
     def validate(self, metrics: MetricsLog | None) -> dict | None:
         """Validation on rank 0 (best model saved, lr decayed), its bookkeeping broadcast to all."""
         p, result = self.progress, None
@@ -258,6 +292,113 @@ class Trainer:
                 tmp.write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
 
 
+    # -- the loop --------------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Step until ``max_steps``, the epochs, early stopping, the time limit or a signal;
+        validate, checkpoint and log on the way; returns a summary."""
+        cfg, env, p = self.cfg, self.env, self.progress
+        self.write_config()
+        n_params = self.lm.num_parameters()
+        self.log(f"elmo train: {n_params:,} parameters ({self.lm.bilm.config.lstm_dim}/"
+                 f"{self.lm.bilm.config.projection_dim} LSTM, {type(self.lm.softmax).__name__} over "
+                 f"{len(self.vocab):,} types), {env.world_size} rank(s) on {self.device}, "
+                 f"{cfg.batching} batches, {cfg.optimizer} lr {cfg.learning_rate}")
+        metrics = MetricsLog(self.out, self.step if self.resumed is not None else None) if env.is_main else None
+        bar = progress_bar(env.is_main and cfg.progress, cfg.max_steps, self.step)
+        window, stopped_early, last_eval = Window(), False, None
+        done = lambda: cfg.max_steps is not None and self.step >= cfg.max_steps  # noqa: E731
+        deadline = None if cfg.time_limit is None else time.monotonic() + 60.0 * cfg.time_limit
+        try:
+            with StopSignals() as signals:
+                while not done():
+                    t0 = time.perf_counter()
+                    micro = self.next_micro_batches()
+                    if micro is None:
+                        break  # the requested epochs are done
+                    loss, ntok = self.train_step(micro)
+                    p.step += 1
+                    p.tokens_seen += ntok
+                    p.elapsed += time.perf_counter() - t0
+                    window.add(loss, ntok)
+                    if bar is not None:
+                        bar.update(1)
+                    if self.step % cfg.log_every == 0 or done():
+                        self._log_window(window, metrics, bar)
+                        window = Window()
+                    if cfg.valid and self.step % cfg.eval_every == 0:
+                        last_eval = self.validate(metrics)
+                        p.last_valid_step = self.step
+                        stopped_early = cfg.patience is not None and p.bad_evals >= cfg.patience
+                    if self.step % cfg.checkpoint_every == 0 or stopped_early:
+                        self.save_checkpoint()
+                    if stopped_early:
+                        self.log(f"early stopping at step {self.step}: no improvement in {cfg.patience} evaluations")
+                        break
+                    stop = None if done() else self._stop_reason(signals, deadline)
+                    if stop:
+                        if window.tokens:
+                            self._log_window(window, metrics, bar)
+                        if self.last_checkpoint_step != self.step:
+                            self.save_checkpoint()
+                        why = (f"time limit of {cfg.time_limit:g} min reached" if stop == "time_limit"
+                               else f"stopped by {stop}")
+                        self.log(f"{why} at step {self.step}: checkpoint written; continue with --resume")
+                        return self._summary(n_params, last_eval, stopped=stop)
+                last_eval = self._finish(metrics, last_eval)
+        finally:
+            if bar is not None:
+                bar.close()
+            if metrics is not None:
+                metrics.close()
+        return self._summary(n_params, last_eval)
+
+    def _log_window(self, window: Window, metrics: MetricsLog | None, bar) -> None:
+        p = self.progress
+        report(window.entry(self.step, self.batcher.epoch, self.optimizer.param_groups[0]["lr"], p.tokens_seen,
+                            p.elapsed), metrics, bar, self.log)
+
+    def _stop_reason(self, signals: StopSignals, deadline: float | None) -> str | None:
+        """``SIGINT``/``SIGTERM`` after a signal, ``time_limit`` past the deadline, as rank 0 sees
+        it (so that every rank stops at the same step)."""
+        stop = signals.name
+        if stop is None and deadline is not None and time.monotonic() >= deadline:
+            stop = "time_limit"
+        if self.env.active:
+            box = [stop]
+            dist.broadcast_object_list(box, src=0)
+            stop = box[0]
+        return stop
+
+    def _finish(self, metrics: MetricsLog | None, last_eval: dict | None) -> dict | None:
+        """A final validation and checkpoint, and the model directories (rank 0)."""
+        cfg, p = self.cfg, self.progress
+        if cfg.valid and p.last_valid_step != self.step:
+            last_eval = self.validate(metrics)
+            p.last_valid_step = self.step
+        elif cfg.valid and last_eval is None and metrics is not None:
+            last_eval = metrics.last_valid   # a resumed run that had validated this step already
+        if self.last_checkpoint_step != self.step:
+            self.save_checkpoint()
+        if self.env.is_main:
+            extra = {"train": {"steps": self.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
+                               "config": asdict(cfg)}}
+            self.lm.save_pretrained(self.out / "model", extra=extra)
+            self.lm.bilm.export_published(self.out / "published")
+            if not (self.out / "best").is_dir():  # no validation set: best = final
+                self.lm.save_pretrained(self.out / "best", extra=extra)
+        return last_eval
+
+    def _summary(self, n_params: int, last_eval: dict | None, stopped: str | None = None) -> dict:
+        p = self.progress
+        summary = {"steps": self.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
+                   "parameters": n_params, "best_valid_ppl_mean": None if math.isinf(p.best) else p.best,
+                   "valid": last_eval, "out_dir": str(self.out)}
+        if stopped:
+            summary["stopped"] = stopped
+        self.log(f"{'stopped' if stopped else 'done'}: {json.dumps(summary)}")
+        return summary
+
+
 def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_from: dict | None = None) -> dict:
     """Train (or, with ``cfg.resume``, resume) per ``cfg``; returns a summary. Call from every rank
     under torchrun. ``resume_from``: the checkpoint, when the caller has read it already (then
@@ -269,15 +410,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_fro
     if resume_from is None:   # a new run: checked on every rank before anything is written
         ckpt_io.claim_run_dir(cfg.out_dir, cfg.overwrite, cfg.resume, delete=os.environ.get("RANK", "0") == "0")
     trainer = Trainer(cfg, log, resume_from)
-    distributed = trainer.env.active
     try:
-        return trainer.run()
+        return trainer.setup().train()
     finally:
-        if distributed and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.barrier()  # rank 0 writes the model dirs last
-            # The DDP reducer holds the process group: free it now, not at interpreter shutdown,
-            # where gloo's threads can be torn down unjoined (a SIGABRT after a finished run).
-            del trainer
-            gc.collect()
-            dist.destroy_process_group()
+        trainer.cleanup()

@@ -1,0 +1,79 @@
+"""What a training run shows and listens to while it steps: the loss window behind each log line,
+the progress bar, and the signals that stop it cleanly."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from typing import Callable
+
+from .metrics import MetricsLog
+
+
+class Window:
+    """Loss and throughput since the last log line."""
+
+    def __init__(self) -> None:
+        self.loss, self.tokens, self.t0 = 0.0, 0, time.perf_counter()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss += loss * tokens
+        self.tokens += tokens
+
+    def entry(self, step: int, epoch: int, lr: float, tokens_seen: int, elapsed: float) -> dict:
+        avg = self.loss / max(1, self.tokens)
+        return {"step": step, "epoch": epoch, "loss": avg, "ppl": math.exp(min(avg, 50.0)),
+                "tokens_per_s": self.tokens / max(time.perf_counter() - self.t0, 1e-9),
+                "lr": lr, "tokens": tokens_seen, "time": round(elapsed, 2)}
+
+
+def progress_bar(enabled: bool, total: int | None, initial: int):
+    """A tqdm bar over steps (None when disabled; tqdm itself turns off without a terminal)."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None)
+
+
+def report(entry: dict, metrics: MetricsLog | None, bar, log: Callable[[str], None]) -> None:
+    """A window's entry to the metrics log, and to the bar or a log line."""
+    if metrics is not None:
+        metrics.record(entry)
+    if bar is not None:
+        bar.set_postfix(tok_s=f"{entry['tokens_per_s']:.0f}", loss=f"{entry['loss']:.3f}",
+                        ppl=f"{entry['ppl']:.1f}", refresh=False)
+    if bar is None or bar.disable:
+        log(f"step {entry['step']} epoch {entry['epoch']} loss {entry['loss']:.4f} ppl {entry['ppl']:.2f} "
+            f"{entry['tokens_per_s']:.0f} tok/s lr {entry['lr']:.3g}")
+
+
+class StopSignals:
+    """SIGINT and SIGTERM while training: the step in progress finishes, a checkpoint is written
+    and the run stops, to be continued with ``--resume``; a second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():   # elsewhere signals cannot be set
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+        return False
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
