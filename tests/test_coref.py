@@ -214,3 +214,24 @@ def test_real_litbank_reads_whole():
     parts = split_documents(docs)
     assert [len(p) for p in parts] == [70, 10, 20]
     assert "2489_moby_dick_brat" in {d.name for d in parts[2]}
+
+
+def test_cli_coref_end_to_end_with_control_and_report(allennlp_dir, tmp_path, capsys):
+    from torchelmo.cli import main
+    data = tmp_path / "data" / "coref" / "litbank"
+    data.mkdir(parents=True)
+    for k in range(3):
+        (data / f"{k}_doc_brat.conll").write_text(conll(f"{k}_doc_brat", ALICE))
+    out = tmp_path / "out"
+    assert main(["probe", "coref", "--data", str(tmp_path / "data"), "--model", str(allennlp_dir), "--out",
+                 str(out), "--cache", str(tmp_path / "c"), "--n-boot", "50", "--coref-epochs", "2", "-qq"]) == 0
+    res = json.loads((out / "results.json").read_text())["coref"]
+    assert {"E0", "E1", "E2", "mix", "mix_weights", "intervals", "paired", "baseline", "control_random",
+            "counts"} <= set(res)
+    assert all(0 <= res[k] <= 1 for k in ("E0", "E1", "E2", "mix")) and res["baseline"]["majority"] == 0
+    assert res["data"]["documents"]["test"] == ["2_doc_brat"] or len(res["data"]["documents"]["test"]) == 1
+    report = (out / "report.md").read_text()
+    assert "## Coreference (LitBank) (pairwise F1, %)" in report and "E2 > E1" in report
+    capsys.readouterr()
+    assert main(["probe", "coref", "--model", str(allennlp_dir), "--out", str(out), "-q"]) == 1
+    assert "--litbank: give LitBank's coreference folder, or --data" in capsys.readouterr().err

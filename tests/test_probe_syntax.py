@@ -295,7 +295,7 @@ def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_pa
     assert main(["probe", "report", "--out", str(out)]) == 0 and (out / "report.md").read_text() == report
     capsys.readouterr()
     assert main(base + ["--tasks", "pos,parse"]) == 1
-    assert "unknown task(s) parse; choose from pos, pos_wsj, deps, wsd, ner" in capsys.readouterr().err
+    assert "unknown task(s) parse; choose from pos, pos_wsj, deps, wsd, coref, ner" in capsys.readouterr().err
     # All tasks by default; a missing input stops the run before the first task, naming the file.
     (out / "results.json").unlink()
     assert main(base) == 1 and not (out / "results.json").exists()

@@ -29,8 +29,9 @@ DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
     "sense_index": "wsd/wordnet-sense-index/index.sense",
     "ner": ["ner/wnut17/wnut17train.conll", "ner/wnut17/emerging.dev.conll",
             "ner/wnut17/emerging.test.annotated"],
+    "litbank": "coref/litbank",
 }
-ALL_TASKS = ("pos", "pos_wsj", "deps", "wsd", "ner")  # `elmo probe all`, in this order
+ALL_TASKS = ("pos", "pos_wsj", "deps", "wsd", "coref", "ner")  # `elmo probe all`, in this order
 
 
 def add_subcommand(sub) -> None:
@@ -74,6 +75,12 @@ def add_subcommand(sub) -> None:
     def wsj_args(q):
         q.add_argument("--treebank", type=Path,
                        help="NLTK's treebank.zip (the WSJ sample; default: under --data)")
+
+    def coref_args(q):
+        q.add_argument("--litbank", type=Path, help="LitBank's coreference folder (*_brat.conll; default: "
+                                                    "under --data)")
+        q.add_argument("--limit-docs", type=int, help="use a part of each split's novels (at least one each)")
+        q.add_argument("--coref-epochs", type=int, default=20, help="probe training epochs at most (default 20)")
 
     def data_arg(q, what):
         q.add_argument("--data", type=Path, help=f"folder in the layout of ../shared/data: {what} "
@@ -126,11 +133,14 @@ def add_subcommand(sub) -> None:
     q = tasks.add_parser("wsd", help="1-NN WSD with SemCor sense vectors, per layer + mix")
     common(q), wsd_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["wsd"]))
+    q = tasks.add_parser("coref", help="LitBank mention-pair coreference probes per layer + mix")
+    common(q), coref_args(q), data_arg(q, "--litbank")
+    q.set_defaults(func=lambda a: _run(a, ["coref"]))
     q = tasks.add_parser("ner", help="WNUT-17 BiLSTM tagger: mix vs E0 vs static embeddings")
     common(q), ner_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["ner"]))
     q = tasks.add_parser("all", help=f"{', '.join(ALL_TASKS)} on the data sets under --data")
-    common(q), pos_args(q, False), wsj_args(q), wsd_args(q, False), ner_args(q, False)
+    common(q), pos_args(q, False), wsj_args(q), wsd_args(q, False), coref_args(q), ner_args(q, False)
     q.add_argument("--data", type=Path, required=True,
                    help="folder in the layout of ../shared/data (pos/, text/nltk/, wsd/, ner/)")
     q.add_argument("--tasks", default=",".join(ALL_TASKS),
@@ -168,6 +178,7 @@ def _run_all(args) -> int:
         args.semcor_key = d / DATA_LAYOUT["semcor"][1]
     args.eval = args.eval or d / DATA_LAYOUT["wsd_eval"]
     args.sense_index = args.sense_index or d / DATA_LAYOUT["sense_index"]
+    args.litbank = args.litbank or d / DATA_LAYOUT["litbank"]
     args.ner_train = args.ner_train or d / DATA_LAYOUT["ner"][0]
     args.ner_dev = args.ner_dev or d / DATA_LAYOUT["ner"][1]
     args.ner_test = args.ner_test or d / DATA_LAYOUT["ner"][2]
@@ -179,12 +190,14 @@ def _run_all(args) -> int:
     # Every input checked before the first task: a missing file should not surface an hour in.
     inputs = {"pos": [args.train, args.dev, args.test], "deps": [args.train, args.dev, args.test],
               "pos_wsj": [args.treebank], "wsd": [args.semcor, args.semcor_key, args.eval, args.sense_index],
-              "ner": [args.ner_train, args.ner_dev, args.ner_test, *(args.corpus or [])]}
+              "ner": [args.ner_train, args.ner_dev, args.ner_test, *(args.corpus or [])],
+              "coref": [args.litbank]}
     for t in tasks:
         for path in inputs[t]:
-            if path is not None and not Path(path).is_file():
-                raise ElmoError(f"{path}: no such file (needed by task {t}; leave it out of --tasks or "
-                                "give the file)")
+            folder = t == "coref"
+            if path is not None and not (Path(path).is_dir() if folder else Path(path).is_file()):
+                raise ElmoError(f"{path}: no such {'folder' if folder else 'file'} (needed by task {t}; leave it "
+                                "out of --tasks or give it)")
     return _run(args, tasks)
 
 
@@ -297,6 +310,27 @@ def _deps(args, models, cache) -> dict:
     return res
 
 
+def _coref(args, models, cache) -> dict:
+    from .coref import CorefConfig, probe_coref
+    from .report import summarize_coref
+    folder = args.litbank
+    if folder is None:
+        if getattr(args, "data", None) is None:
+            raise ElmoError("--litbank: give LitBank's coreference folder, or --data for the one under it")
+        folder = args.data / DATA_LAYOUT["litbank"]
+    cfg = CorefConfig(max_epochs=args.coref_epochs, seed=args.seed, n_boot=args.n_boot)
+    out = {}
+    for name, m in models.items():
+        if show_progress(args):
+            print(f"coref: {name} model")
+        out[name] = probe_coref(m, folder, cache, cfg, log=_log(args), progress=show_progress(args),
+                                limit_docs=args.limit_docs)
+    res = summarize_coref(out["trained"], out.get("control_random"))
+    res["data"] = {"litbank": str(folder), "limit_docs": args.limit_docs,
+                   "documents": out["trained"].get("documents")}
+    return res
+
+
 def _tag(args, models, cache) -> dict:
     from .conll import read_columns
     lim_tr, lim_dev, lim_te = _limits(args.limit)
@@ -384,4 +418,4 @@ def _ner(args, models, cache) -> dict:
     return res
 
 
-RUNNERS = {"pos": _pos, "pos_wsj": _pos_wsj, "deps": _deps, "wsd": _wsd, "ner": _ner}
+RUNNERS = {"pos": _pos, "pos_wsj": _pos_wsj, "deps": _deps, "wsd": _wsd, "coref": _coref, "ner": _ner}

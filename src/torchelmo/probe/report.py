@@ -7,7 +7,8 @@
              "details": {...everything the probe measured...}},
      "pos_wsj": {... as pos, on the WSJ sample ...}, "tag" / "tag:NAME": {... as pos ...},
      "deps": {"uas": {... as pos, head accuracy ...}, "labels": {... as pos ...}},
-     "wsd": {... the same with F1 on ALL ...}, "ner": {...}, "model": {...}}
+     "wsd": {... the same with F1 on ALL ...}, "coref": {... the same with pairwise F1 on LitBank ...},
+     "ner": {...}, "model": {...}}
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from .common import layer_names
 PAPER = {"pos": {"E1": 0.973, "E2": 0.968}, "wsd": {"E1": 0.674, "E2": 0.690}}
 PAPER["pos_wsj"] = PAPER["pos"]   # the paper's POS numbers are on WSJ
 # Orderings docs/science.md expects where the paper has no numbers (syntax in the lower layer).
-EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2")}
+EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "coref": ("E2", "E1")}
 METRIC = {"pos": "accuracy", "pos_wsj": "accuracy", "deps_uas": "UAS", "deps_labels": "label accuracy",
-          "wsd": "F1 (ALL)", "ner": "entity F1"}
-TITLE = {"pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels"}
+          "wsd": "F1 (ALL)", "coref": "pairwise F1", "ner": "entity F1"}
+TITLE = {"pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels",
+         "coref": "Coreference (LitBank)"}
 
 
 def summarize_pos(trained: dict, control: dict | None = None) -> dict:
@@ -38,6 +40,12 @@ def summarize_deps(trained: dict, control: dict | None = None) -> dict:
                  "labels": {"majority": trained["labels"]["majority"]["acc"]}}
     out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in ("uas", "labels")}
     out["n_test_words"], out["config"] = trained["n_test_words"], trained["config"]
+    return out
+
+
+def summarize_coref(trained: dict, control: dict | None = None) -> dict:
+    out = _summarize(trained, control, "f1", baseline={k: v["f1"] for k, v in trained["baselines"].items()})
+    out["counts"], out["config"] = trained["counts"], trained["config"]
     return out
 
 
@@ -268,7 +276,7 @@ def _sections(results: dict) -> list[tuple[str, dict]]:
     dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
     out = [(t, results[t]) for t in ("pos", "pos_wsj") if t in results]
     out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels") if t in results.get("deps", {})]
-    out += [(t, results[t]) for t in ("wsd",) if t in results]
+    out += [(t, results[t]) for t in ("wsd", "coref") if t in results]
     out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
     return out
 
