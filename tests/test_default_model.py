@@ -8,7 +8,7 @@ import torch
 
 from torchelmo import BiLM, batch_to_ids
 from torchelmo.cli import main
-from torchelmo.weights import default_model_dir
+from torchelmo.registry import default_model_dir
 
 from conftest import ROOT
 

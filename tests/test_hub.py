@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids, hub
-from torchelmo import weights as W
+from torchelmo import registry as R
 from torchelmo.cli import main
 from torchelmo.lm import LanguageModel
 from torchelmo.vocab import Vocabulary
@@ -93,7 +93,7 @@ def test_unknown_name_lists_every_accepted_name(capsys):
         BiLM.from_pretrained("no-such-model")
     msg = str(e.value)
     assert "\n" not in msg and "'default'" in msg and "owner/name" in msg and "directory" in msg
-    for name in [*W.REGISTRY, *W.ALIASES]:
+    for name in [*R.REGISTRY, *R.ALIASES]:
         assert name in msg
     assert main(["info", "a/b/c"]) == 1
     err = capsys.readouterr().err

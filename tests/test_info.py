@@ -9,7 +9,7 @@ from conftest import ROOT
 from torchelmo import BiLM
 from torchelmo.cli import main
 from torchelmo.info import DEFAULT_MODEL_FACTS, default_model_line
-from torchelmo.weights import ALIASES, REGISTRY
+from torchelmo.registry import ALIASES, REGISTRY
 
 
 def _card():

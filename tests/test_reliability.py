@@ -531,6 +531,8 @@ def test_embed_file_holds_one_batch_of_outputs_not_a_window(tmp_path, fixture_mo
 
 def test_unpinned_registry_weights_are_checked_against_their_options(tmp_path, server, monkeypatch):
     import h5py
+    from torchelmo import BiLM
+    from torchelmo import registry as R
     from torchelmo import weights as W
     base, routes = server
     options, weights = _tiny_published(tmp_path)
@@ -540,13 +542,14 @@ def test_unpinned_registry_weights_are_checked_against_their_options(tmp_path, s
     routes["/o.json"] = (200, {}, options.read_bytes())
     routes["/w.hdf5"] = (200, {}, weights.read_bytes())
     name = "2x1024_128_2048cnn_1xhighway"
-    monkeypatch.setitem(W.REGISTRY, name, {"options": f"{base}/o.json", "weights": f"{base}/w.hdf5",
+    monkeypatch.setitem(R.REGISTRY, name, {"options": f"{base}/o.json", "weights": f"{base}/w.hdf5",
                                            "options_sha256": None, "weights_sha256": None})
     monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("ELMO_OFFLINE", raising=False)
+    check = lambda config, path: W.load_published_weights(BiLM(config), path)  # noqa: E731  (as BiLM's)
     with pytest.raises(ElmoError, match="missing dataset 'CNN_proj/b_proj'"):
-        W.resolve_published("small")
+        R.resolve_published("small", check)
     assert not any(p.name.endswith("w.hdf5") for p in (tmp_path / "cache").iterdir())
     routes["/w.hdf5"] = (200, {}, good)
-    _, path = W.resolve_published("small")
+    _, path = R.resolve_published("small", check)
     assert path.read_bytes() == good

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from torchelmo import BiLM, ElmoConfig, ElmoError
+from torchelmo import registry as R
 from torchelmo import weights as W
 
 SENTS = [["The", "cat", "sat", "."], ["Ein", "Satz", "über", "北京", "😀"], ["x"]]
@@ -217,10 +218,10 @@ def test_registry_names_resolve_via_download(http_server, allennlp_dir, tmp_path
     monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("ELMO_OFFLINE", raising=False)
     name = "2x1024_128_2048cnn_1xhighway"
-    assert set(W.REGISTRY) == {"2x1024_128_2048cnn_1xhighway", "2x2048_256_2048cnn_1xhighway",
+    assert set(R.REGISTRY) == {"2x1024_128_2048cnn_1xhighway", "2x2048_256_2048cnn_1xhighway",
                                "2x4096_512_2048cnn_2xhighway", "2x4096_512_2048cnn_2xhighway_5.5B"}
-    assert W.REGISTRY[name]["weights"].endswith(f"/{name}/elmo_{name}_weights.hdf5")
-    monkeypatch.setitem(W.REGISTRY, name, {
+    assert R.REGISTRY[name]["weights"].endswith(f"/{name}/elmo_{name}_weights.hdf5")
+    monkeypatch.setitem(R.REGISTRY, name, {
         "options": f"{http_server}/options.json", "weights": f"{http_server}/lm_weights.hdf5",
         "options_sha256": _sha(allennlp_dir / "options.json"),
         "weights_sha256": _sha(allennlp_dir / "lm_weights.hdf5")})

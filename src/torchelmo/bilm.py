@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from . import hub, weights
+from . import hub, registry, weights
 from .backend import check_backend, resolve_backend
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
@@ -363,19 +363,21 @@ class BiLM(nn.Module):
         (the model shipped in the package), a directory in the native or the published layout, or
         a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""
         name = str(name_or_path)
-        path = weights.default_model_dir() if name == "default" else Path(name)
+        path = registry.default_model_dir() if name == "default" else Path(name)
         if path.is_dir():
             if (path / weights.CONFIG_NAME).is_file():
                 model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
                 weights.load_native(model, path)
                 return model.eval()
-            found = weights.find_published_files(path)
+            found = registry.find_published_files(path)
             if found is None:
                 raise ElmoError(f"{path}: neither a native model ({weights.CONFIG_NAME} + "
                                 f"{weights.WEIGHTS_NAME}) nor a published one (*options.json + *weights*.hdf5)")
             return cls.from_published(*found, **kw)
-        if name in weights.REGISTRY or name in weights.ALIASES:
-            return cls.from_published(*weights.resolve_published(name), **kw)
+        if registry.is_published(name):
+            # A download is kept only once this model class has read every dataset of it.
+            check = lambda config, path: weights.load_published_weights(cls(config), path)  # noqa: E731
+            return cls.from_published(*registry.resolve_published(name, check), **kw)
         return cls.from_pretrained(hub.resolve(name), **kw)   # a Hub id, or the error listing every name
 
     def save_pretrained(self, out_dir: str | Path, **card) -> Path:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from . import weights
+from .registry import accepted_names
 from .download import offline_mode
 from .errors import ElmoError
 from .fileio import atomic_path
@@ -24,14 +25,6 @@ FILES = [weights.CONFIG_NAME, weights.WEIGHTS_NAME, weights.EXTRA_CONFIG_NAME, w
 REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_])(?:@(?P<revision>[\w./-]+))?$")
 CARD_NAME = "README.md"
 CARD_MARK = "<!-- model card written by torchelmo's save_pretrained -->"
-
-
-def accepted_names() -> str:
-    """Every name ``from_pretrained`` accepts, for error messages."""
-    alias_of = {full: alias for alias, full in weights.ALIASES.items()}
-    published = [f"{n} ({alias_of[n]})" if n in alias_of else n for n in weights.REGISTRY]
-    return ("'default' (the embedded model), published models " + ", ".join(published)
-            + ", a model directory, or a Hugging Face Hub id owner/name[@revision]")
 
 
 NOT_FOUND = "no such model directory, and not a published model name"

@@ -8,7 +8,7 @@ import json
 
 from .bilm import BiLM
 from .precision import support_line
-from .weights import ALIASES, REGISTRY
+from .registry import ALIASES, REGISTRY
 
 # The embedded default model, from its model card (default_model/MODEL_CARD.md: the training
 # shards) and results/default_model.json (validation perplexity); tests check both.

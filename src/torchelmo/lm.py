@@ -40,9 +40,9 @@ from .softmax import (
     softmax_kind,
 )
 from .vocab import Vocabulary
-from .weights import ALIASES, CONFIG_NAME, EXTRA_CONFIG_NAME, REGISTRY, VOCAB_NAME, load_native, save_native
+from .registry import is_published
+from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, VOCAB_NAME, load_native, save_native
 
-LM_CONFIG_NAME = EXTRA_CONFIG_NAME
 DEFAULT_REGULARISATION = Regularisation(dropout=0.1)  # bilm-tf's
 LM_FORMAT = "elmo-lm-1"
 PERPLEXITY_MODES = ("sentence", "stream")
@@ -254,7 +254,7 @@ class LanguageModel(nn.Module):
         path = Path(str(source))
         if not path.is_dir() and hub.is_repo_id(str(source)):
             path = hub.resolve(str(source))   # an LM or a biLM on the Hub; its files are read once
-        is_lm = path.is_dir() and (path / LM_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file()
+        is_lm = path.is_dir() and (path / EXTRA_CONFIG_NAME).is_file() and (path / CONFIG_NAME).is_file()
         old = cls._from_dir(path, str(source), None) if is_lm else None
         bilm = old.bilm if old is not None else BiLM.from_pretrained(path)
         kind = softmax or "auto"
@@ -290,7 +290,7 @@ def lm_dir(name_or_path: str | Path) -> Path:
         return path
     if path.exists():
         raise ElmoError(f"{name}: a file, not an LM directory")
-    if name == "default" or name in REGISTRY or name in ALIASES:
+    if name == "default" or is_published(name):
         raise ElmoError(f"{name}: a biLM without a softmax layer (published models and 'default' have "
                         f"none); it cannot score text. Train an LM from it with elmo train --init-from {name}")
     if not hub.is_repo_id(name):
@@ -304,9 +304,9 @@ def read_lm_meta(model_dir: Path, name: str | None = None) -> dict:
     name = name or str(model_dir)
     if not (model_dir / CONFIG_NAME).is_file():
         raise ElmoError(f"{name}: not a native model directory (no {CONFIG_NAME})")
-    meta_path = model_dir / LM_CONFIG_NAME
+    meta_path = model_dir / EXTRA_CONFIG_NAME
     if not meta_path.is_file():
-        raise ElmoError(f"{name}: a biLM without a softmax layer (no {LM_CONFIG_NAME}); it cannot "
+        raise ElmoError(f"{name}: a biLM without a softmax layer (no {EXTRA_CONFIG_NAME}); it cannot "
                         "score text. Train one with `elmo train`, or start from it with --init-from")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -325,7 +325,7 @@ def _load_softmax(lm: LanguageModel, tensors: dict[str, torch.Tensor], name: str
     try:
         lm.softmax.load_state_dict(sm_state)
     except RuntimeError as e:
-        raise ElmoError(f"{name}: softmax tensors do not fit {LM_CONFIG_NAME} ({e})") from None
+        raise ElmoError(f"{name}: softmax tensors do not fit {EXTRA_CONFIG_NAME} ({e})") from None
 
 
 def _carry_softmax(old: LanguageModel, new: LanguageModel, source, log) -> None:

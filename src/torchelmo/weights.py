@@ -1,5 +1,5 @@
-"""Weights: the published bilm-tf/AllenNLP HDF5 layout, our native safetensors format, the
-registry of published models, and cached downloads.
+"""Weights: the published bilm-tf/AllenNLP HDF5 layout and our native safetensors format (the
+names that find them are :mod:`torchelmo.registry`'s).
 
 Published layout (``options.json`` + HDF5, see ``docs/format.md``)::
 
@@ -33,28 +33,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EXTRA_CONFIG_NAME = "training.json"  # what a model dir holds beyond the biLM (an LM's softmax, vocab)
 VOCAB_NAME = "vocab.txt"             # an LM's output vocabulary
-
-_S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
-REGISTRY: dict[str, dict[str, str | None]] = {
-    name: {
-        "options": f"{_S3}/{name}/elmo_{name}_options.json",
-        "weights": f"{_S3}/{name}/elmo_{name}_weights.hdf5",
-        # Not pinned yet: the published files' digests could not be read where this was written.
-        # Where None, a download is cached only once its content checks out (resolve_published),
-        # and the digest recorded then is checked on every later use.
-        "options_sha256": None,
-        "weights_sha256": None,
-    }
-    for name in (
-        "2x1024_128_2048cnn_1xhighway",
-        "2x2048_256_2048cnn_1xhighway",
-        "2x4096_512_2048cnn_2xhighway",
-        "2x4096_512_2048cnn_2xhighway_5.5B",
-    )
-}
-ALIASES = {"small": "2x1024_128_2048cnn_1xhighway", "medium": "2x2048_256_2048cnn_1xhighway",
-           "original": "2x4096_512_2048cnn_2xhighway", "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B"}
-
 
 # ------------------------------------------------------------------------------------------------
 # The published HDF5 layout, written once as (name, shape, read-from-model, write-into-model).
@@ -226,42 +204,3 @@ def load_native(bilm, model_dir: str | Path) -> dict[str, torch.Tensor]:
     bilm.load_state_dict({k: tensors[k] for k in own})
     bilm.encoder.clear_cache()
     return {k: v for k, v in tensors.items() if k not in own}
-
-
-# ------------------------------------------------------------------------------------------------
-# Downloads.
-# ------------------------------------------------------------------------------------------------
-def default_model_dir() -> Path:
-    """The small model shipped inside the package (see its MODEL_CARD.md)."""
-    d = Path(__file__).parent / "default_model"
-    if not (d / CONFIG_NAME).is_file():
-        raise ElmoError(f"{d}: the embedded default model is missing from this installation")
-    return d
-
-
-def resolve_published(name: str) -> tuple[Path, Path]:
-    """Download (or find in the cache) a registry model's options and weights. Without a pinned
-    digest, the weights are cached only once every dataset the options ask for has been read."""
-    name = ALIASES.get(name, name)
-    if name not in REGISTRY:
-        raise ElmoError(f"unknown model {name!r}; published models: {', '.join(REGISTRY)}")
-    entry = REGISTRY[name]
-    options = cached_path(entry["options"], entry["options_sha256"],
-                          verify=lambda p: ElmoConfig.from_json_file(p) and None)
-    config = ElmoConfig.from_json_file(options)
-
-    def verify_weights(path: Path) -> None:
-        from .bilm import BiLM   # bilm imports this module
-        load_published_weights(BiLM(config), path)
-
-    return options, cached_path(entry["weights"], entry["weights_sha256"], verify=verify_weights)
-
-
-def find_published_files(model_dir: Path) -> tuple[Path, Path] | None:
-    """An ``*options.json`` and an ``*.hdf5`` weight file in a directory, if it holds one of each."""
-    opts = sorted(model_dir.glob("*options.json"))
-    weights = [p for p in sorted(model_dir.glob("*.hdf5")) if "weights" in p.name] or \
-        sorted(model_dir.glob("*weights*.hdf5")) or sorted(model_dir.glob("*.hdf5"))
-    if len(opts) == 1 and weights:
-        return opts[0], weights[0]
-    return None
