@@ -300,3 +300,35 @@ def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_pa
     (out / "results.json").unlink()
     assert main(base) == 1 and not (out / "results.json").exists()
     assert "semcor.data.xml.gz: no such file (needed by task wsd" in capsys.readouterr().err
+
+
+def _fake_run(folder, e1, e2, ci):
+    from torchelmo.probe.report import write_results
+    folder.mkdir(parents=True)
+    task = {"E0": 0.8, "E1": e1, "E2": e2, "mix": max(e1, e2), "mix_weights": [0.2, 0.5, 0.3],
+            "intervals": {"E0": [0.79, 0.81], "E1": [e1 - 0.01, e1 + 0.01], "E2": [e2 - 0.01, e2 + 0.01],
+                          "mix": [0.8, 0.95]},
+            "paired": {"E2-E1": {"diff": e2 - e1, "ci": ci}}}
+    write_results(folder / "results.json", {"pos_wsj": task, "coref": {**task, "mix_weights": [0.1, 0.2, 0.7]}})
+
+
+def test_cli_compare_runs_side_by_side(tmp_path, capsys):
+    from torchelmo.cli import main
+    _fake_run(tmp_path / "default", 0.90, 0.90, [-0.004, 0.004])       # no ordering
+    _fake_run(tmp_path / "big", 0.95, 0.93, [-0.03, -0.01])            # E1 > E2
+    out = tmp_path / "cmp"
+    assert main(["probe", "compare", str(tmp_path / "default"), f"science@40000000={tmp_path / 'big'}",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "comparison.json").read_text())
+    assert [r["label"] for r in summary["runs"]] == ["default", "science"]
+    assert summary["runs"][1]["tokens"] == 40_000_000
+    wsj, coref = summary["tasks"]["pos_wsj"], summary["tasks"]["coref"]
+    assert wsj["expected"] == ["E1", "E2"] and coref["expected"] == ["E2", "E1"]
+    assert wsj["runs"]["default"]["verdict"] == "not shown" and wsj["runs"]["science"]["verdict"] == "shown"
+    assert coref["runs"]["science"]["verdict"] == "reversed"
+    md = (out / "comparison.md").read_text()
+    assert "| E1 | 90.0 [89.0, 91.0] | 95.0 [94.0, 96.0] |" in md
+    assert "| mix weights E0 / E1 / E2 | 0.20 / 0.50 / 0.30 | 0.20 / 0.50 / 0.30 |" in md
+    assert "WSJ POS, science: E1 > E2 **shown**" in md and "science 40.0M" in md
+    assert main(["probe", "compare", str(tmp_path / "nothing"), "--out", str(out)]) == 1
+    assert "no results.json" in capsys.readouterr().err

@@ -146,6 +146,12 @@ def add_subcommand(sub) -> None:
     q.add_argument("--tasks", default=",".join(ALL_TASKS),
                    help=f"comma-separated subset (default {','.join(ALL_TASKS)}; deps reads --train/--dev/--test)")
     q.set_defaults(func=_run_all)
+    q = tasks.add_parser("compare", help="several probing runs side by side, with what each shows")
+    q.add_argument("runs", nargs="+", metavar="[LABEL[@TOKENS]=]FOLDER",
+                   help="the folder of an elmo probe run (its results.json); LABEL names it in the "
+                        "tables, TOKENS (training tokens read) orders one model's runs")
+    q.add_argument("--out", type=Path, required=True, help="folder for comparison.md and comparison.json")
+    q.set_defaults(func=_compare)
     q = tasks.add_parser("report", help="rewrite report.md and the plots from OUT/results.json")
     q.add_argument("--out", type=Path, required=True, help="folder holding results.json")
     q.set_defaults(func=_report_only)
@@ -156,6 +162,13 @@ def default_cache_dir() -> Path:
     by every run, since features depend only on the model's weights and the data."""
     env = os.environ.get("ELMO_PROBE_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "elmo" / "probe"
+
+
+def _compare(args) -> int:
+    from .compare import compare, parse_run, write
+    path = write(compare([parse_run(r) for r in args.runs]), args.out)
+    print(f"wrote {path}")
+    return 0
 
 
 def _report_only(args) -> int:

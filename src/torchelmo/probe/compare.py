@@ -1,0 +1,125 @@
+"""``elmo probe compare``: several models' probing runs side by side, and how each layer ordering
+moves with training.
+
+Each input is the folder of one ``elmo probe`` run (its ``results.json``), labelled
+``LABEL=FOLDER`` (or by the folder's name). Optional ``tokens`` per label (``LABEL@TOKENS``: how
+many tokens that model had read) order the runs of one model along its training. The output
+folder gets ``comparison.json`` (the headline numbers of every run, and the verdicts) and
+``comparison.md``: per task, each model's per-layer scores with intervals and its mix weights; the
+paired E2 - E1 difference of every run; and what is shown and what is not, for the orderings the
+paper reports and the protocol expects (see ``docs/science.md``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ElmoError
+from ..fileio import atomic_path
+from .report import EXPECTED, PAPER, _inputs, _sections, _title, load_results, ordering, write_results
+
+
+def parse_run(spec: str) -> tuple[str, Path, int | None]:
+    """``[LABEL[@TOKENS]=]FOLDER`` -> (label, folder, tokens)."""
+    label, sep, folder = spec.partition("=")
+    if not sep:
+        label, folder = Path(spec).name, spec
+    label, at, tokens = label.partition("@")
+    if at and not tokens.isdigit():
+        raise ElmoError(f"{spec}: TOKENS after @ must be a whole number")
+    path = Path(folder)
+    if not (path / "results.json").is_file():
+        raise ElmoError(f"{path}: no results.json (the folder of an elmo probe run)")
+    return label or path.name, path, int(tokens) if at else None
+
+
+def expected_ordering(task: str) -> tuple[str, str] | None:
+    """(better, worse) by the paper's numbers, else by the protocol; None if neither says."""
+    if task in PAPER:
+        better, worse = sorted(PAPER[task], key=PAPER[task].get, reverse=True)
+        return better, worse
+    return EXPECTED.get(task)
+
+
+def _pair(s: dict) -> dict | None:
+    paired = s.get("paired", {})
+    return paired.get("E2-E1", paired.get("E2-E1 all"))
+
+
+def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
+    """Headline numbers and verdicts of every run, per task."""
+    if len({label for label, _, _ in runs}) != len(runs):
+        raise ElmoError("probe compare: two runs have the same label; name them LABEL=FOLDER")
+    out: dict = {"runs": [{"label": label, "folder": str(path), "tokens": tokens} for label, path, tokens in runs],
+                 "tasks": {}}
+    for label, path, tokens in runs:
+        for task, s in _sections(load_results(path / "results.json")):
+            t = out["tasks"].setdefault(task, {"title": _title(task), "expected": expected_ordering(task),
+                                               "runs": {}})
+            pair = _pair(s)
+            verdict = None
+            if t["expected"] and pair is not None:
+                winner = ordering("E1", "E2", pair)
+                verdict = "not shown" if winner is None else ("shown" if winner == t["expected"][0] else "reversed")
+            t["runs"][label] = {
+                "tokens": tokens,
+                "scores": {k: s[k] for k in _inputs(s)},
+                "intervals": {k: s.get("intervals", {}).get(k) for k in _inputs(s)},
+                "mix_weights": s.get("mix_weights"), "paired_E2_E1": pair, "verdict": verdict}
+    return out
+
+
+def _pct(v, ci=None) -> str:
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+
+def render(summary: dict) -> str:
+    labels = [r["label"] for r in summary["runs"]]
+    lines = ["# Probing: the models side by side", "",
+             "Each task's probes as `elmo probe` ran them (docs/probing.md; the protocol in docs/science.md), "
+             "per model: test score (%) with its 95% bootstrap interval; the mix's learned layer weights "
+             "softmax(s); the paired E2 - E1 difference (points) with its interval.", ""]
+    tokens = {r["label"]: r["tokens"] for r in summary["runs"]}
+    if any(v is not None for v in tokens.values()):
+        lines += ["Training tokens read: " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in tokens.items() if v), ""]
+    verdicts = []
+    for task, t in summary["tasks"].items():
+        here = [label for label in labels if label in t["runs"]]
+        lines += [f"## {t['title']}", "", "| input | " + " | ".join(here) + " |",
+                  "|---|" + "---|" * len(here)]
+        names = list(dict.fromkeys(k for label in here for k in t["runs"][label]["scores"]))
+        for n in names:
+            cells = [_pct(t["runs"][label]["scores"].get(n), t["runs"][label]["intervals"].get(n)) for label in here]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        w = ["-" if t["runs"][label]["mix_weights"] is None else
+             " / ".join(f"{x:.2f}" for x in t["runs"][label]["mix_weights"]) for label in here]
+        lines.append("| mix weights E0 / E1 / E2 | " + " | ".join(w) + " |")
+        d = []
+        for label in here:
+            p = t["runs"][label]["paired_E2_E1"]
+            d.append("-" if p is None else f"{100 * p['diff']:+.2f} [{100 * p['ci'][0]:+.2f}, {100 * p['ci'][1]:+.2f}]")
+        lines += ["| E2 - E1 (paired) | " + " | ".join(d) + " |", ""]
+        if t["expected"]:
+            better, worse = t["expected"]
+            for label in here:
+                v = t["runs"][label]["verdict"]
+                verdicts.append(f"- {t['title']}, {label}: {better} > {worse} "
+                                f"**{v or 'not tested'}**" + (" (the paired interval excludes zero the other way)"
+                                                              if v == "reversed" else ""))
+    if verdicts:
+        lines += ["## What is shown and what is not", "",
+                  "An ordering is *shown* only when the paired interval of E2 - E1 excludes zero in the "
+                  "expected direction; *not shown* when it includes zero, whatever the point estimates.", "",
+                  *verdicts, ""]
+    return "\n".join(lines) + "\n"
+
+
+def write(summary: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(out_dir / "comparison.json", summary)
+    path = out_dir / "comparison.md"
+    with atomic_path(path) as tmp:
+        tmp.write_text(render(summary))
+    return path
