@@ -3,6 +3,7 @@ its record kept whole in results/science/record.json.
 
     .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
     .venv/bin/python scripts/science.py record                  # rewrite the record from the run
+    .venv/bin/python scripts/science.py probe step-003906       # every probe on a milestone (or: default)
 
 The run lives outside the checkout (``../runs``, beside ``../shared``): a session's work tree is
 laid anew, the machine's other files are kept. Steps of ``train``:
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "science" / "small.json"
 RECORD = ROOT / "results" / "science" / "record.json"
 CORPUS = ROOT.parent / "runs" / "corpus"
+DATA = ROOT.parent / "shared" / "data"
+PROBES = ROOT / "results" / "probe"
 MIN_COUNT = 3
 BUDGET = {
     "tokens": 80_000_000,          # per direction: max_steps x 128 rows x 20 steps = 31,250 x 2,560
@@ -175,6 +178,38 @@ def write_record(cfg: dict) -> None:
           f"({record['progress']['fraction_of_budget']:.1%} of the budget)", file=sys.stderr)
 
 
+def probe(args) -> int:
+    """``elmo probe all`` on a milestone of the run (or ``default``) into results/probe/LABEL, then
+    every run there side by side (``elmo probe compare``) into results/probe/comparison.md."""
+    cfg = config()
+    run = run_dir(cfg)
+    if args.model == "default":
+        model, label, tokens = "default", "default", None
+    else:
+        model = run / "milestones" / args.model
+        if not model.is_dir():
+            sys.exit(f"science.py: no milestone {args.model} in {run / 'milestones'}")
+        step = int(args.model.split("-")[-1])
+        tokens = step * cfg["batch_size"] * cfg["unroll"]
+        label = f"science-{tokens / 1e6:.0f}M"
+    out = PROBES / label
+    cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", str(model), "--data",
+           os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out, ROOT), "--corpus", *cfg["train"]]
+    if args.tasks:
+        cmd += ["--tasks", args.tasks]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "TOKENS").write_text(f"{tokens or 0}\n")
+    sh(cmd, log=out / "probe.log")
+    runs = []
+    for d in sorted(p for p in PROBES.iterdir() if (p / "results.json").is_file()):
+        n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
+        runs.append(f"{d.name}@{n}={os.path.relpath(d, ROOT)}" if n else f"{d.name}={os.path.relpath(d, ROOT)}")
+    sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare", *runs, "--out", os.path.relpath(PROBES, ROOT)])
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -182,6 +217,11 @@ def main() -> int:
     t.add_argument("--minutes", type=float, required=True, help="stop cleanly after this long")
     t.add_argument("--threads", type=int, help="override the config's threads")
     t.set_defaults(func=train)
+    p = sub.add_parser("probe", help="every probe on a milestone (or the default model), then the comparison")
+    p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")
+    p.add_argument("--tasks", help="a subset of elmo probe all's tasks")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=probe)
     r = sub.add_parser("record", help="rewrite results/science/record.json from the run")
     r.set_defaults(func=lambda a: write_record(config()) or 0)
     args = ap.parse_args()
