@@ -29,10 +29,11 @@ from . import hub, registry, weights
 from .backend import check_backend, resolve_backend
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
-from .encoder import CharCNNEncoder, copy_to, plan_tokens
+from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer
 from .precision import Precision, check_precision, resolve_precision
+from .runtime import copy_to
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -342,8 +343,9 @@ class BiLM(nn.Module):
         return BiLMOutput([layer[:, 1:T + 1] * m for layer in layers], mask)
 
     def embed_sentences(self, sentences: list[list[str]], **kw) -> BiLMOutput:
-        """Convenience: tokens in, layers out, on this model's device."""
-        return self(batch_to_ids(sentences).to(self.device), **kw)
+        """Convenience: tokens in, layers out, on this model's device (the char ids go over as
+        :meth:`forward` moves host ids: only the batch's distinct tokens)."""
+        return self(batch_to_ids(sentences), **kw)
 
     @property
     def device(self) -> torch.device:

@@ -40,7 +40,8 @@ import torch
 from .bilm import lm_sequences
 from .chars import MAX_CHARS, word_to_char_ids
 from .corpus import Corpus, CorpusPosition
-from .encoder import copy_to, plan_tokens
+from .encoder import plan_tokens
+from .runtime import copy_to
 from .errors import ElmoError
 from .text import length_batches
 from .vocab import Vocabulary

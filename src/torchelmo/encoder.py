@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .chars import PAD_CHAR
 from .config import ElmoConfig
+from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
 
@@ -25,14 +26,6 @@ class TokenPlan(NamedTuple):
 
     def to(self, device: torch.device) -> TokenPlan:
         return TokenPlan(copy_to(self.unique, device), copy_to(self.inverse, device), self.groups)
-
-
-def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory, without
-    blocking the host."""
-    if torch.device(device).type != "cuda" or t.is_cuda:
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def plan_tokens(char_ids: torch.Tensor) -> TokenPlan:

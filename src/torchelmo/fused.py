@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from .backend import fused_fits
-from .encoder import copy_to
+from .runtime import copy_to
 from .precision import PRECISIONS
 
 try:

@@ -167,4 +167,4 @@ class Elmo(nn.Module):
             if inputs.dim() < 3:
                 raise ElmoError(f"Elmo: char ids must be (..., tokens, 50), got {tuple(inputs.shape)}")
             return inputs
-        return batch_to_ids(inputs).to(self.bilm.device)
+        return batch_to_ids(inputs)   # host ids: BiLM.forward copies only the distinct tokens

@@ -151,3 +151,11 @@ def bar_safe_output(prefix: str = "elmo") -> Iterator[None]:
         for h in consoles:
             root.addHandler(h)
         warnings.showwarning = old
+
+
+def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory, without
+    blocking the host."""
+    if torch.device(device).type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -142,7 +142,7 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
             buf = np.zeros((L, n, F), dtype=np.float16) if n * L * F <= 2 ** 29 else None
             for batch in batches:
                 idx = [needed[b] for b in batch]
-                out = bilm(batch_to_ids([list(sentences[i]) for i in idx]).to(bilm.device))
+                out = bilm(batch_to_ids([list(sentences[i]) for i in idx]))   # host ids: see BiLM.forward
                 layers = torch.stack(out.layers).float().cpu()  # (L, B, T, F)
                 for r, i in enumerate(idx):
                     if spans is None:
