@@ -25,6 +25,7 @@ see ``BUDGET`` below and docs/science.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -53,7 +54,10 @@ BUDGET = {
 
 
 def config() -> dict:
-    return json.loads(CONFIG.read_text(encoding="utf-8"))
+    """The run's configuration, every field resolved (the file holds only what differs from the
+    defaults)."""
+    from torchelmo.train import TrainConfig
+    return dataclasses.asdict(TrainConfig.from_dict(json.loads(CONFIG.read_text(encoding="utf-8")), str(CONFIG)))
 
 
 def run_dir(cfg: dict) -> Path:

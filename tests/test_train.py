@@ -376,3 +376,17 @@ def test_a_run_directory_is_not_reused_silently(tmp_path, fixture_corpus, capsys
     train(base_config(tmp_path / "tl", data, vocab, max_steps=3, time_limit=1e-9), log=lambda s: None)
     s = train(base_config(tmp_path / "tl", data, vocab, max_steps=3, resume=True), log=lambda s: None)
     assert "stopped" not in s and s["steps"] == 3
+
+
+def test_every_committed_config_loads_and_holds_only_overrides():
+    import dataclasses
+    root = Path(__file__).resolve().parents[1] / "configs"
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    paths = sorted(root.rglob("*.json"))
+    assert len(paths) >= 4
+    for path in paths:
+        d = json.loads(path.read_text())
+        TrainConfig.from_dict(d, str(path))
+        assert d["_command"] and d["_role"], path
+        same = [k for k, v in d.items() if k in defaults and defaults[k] == v]
+        assert not same, f"{path}: {same} repeat the defaults"

@@ -177,8 +177,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "train config") -> "TrainConfig":
+        """The options of a JSON object; keys starting with ``_`` are comments (a config file's
+        ``"_command"`` says how it is run)."""
         if not isinstance(d, dict):
             raise ElmoError(f"{source}: expected a JSON object of options, got {type(d).__name__}")
+        d = {k: v for k, v in d.items() if not k.startswith("_")}
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
