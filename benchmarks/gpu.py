@@ -81,7 +81,7 @@ def matmul_rates(clock: Clock, n: int) -> dict[str, float]:
     for name in PRECISIONS:
         x, y = (a.bfloat16(), b.bfloat16()) if name == "bf16" else (a, b)
         with precision_context("tf32" if name == "tf32" else "fp32", clock.device):
-            out[name] = 2 * n ** 3 / clock.best(lambda: x @ y, 5) / 1e12
+            out[name] = 2 * n ** 3 / clock.best(lambda x=x, y=y: x @ y, 5) / 1e12
     return out
 
 
@@ -129,7 +129,7 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
         model.backend = "triton+graphs" if graphs else None
         out: list = []
 
-        def run():
+        def run(out=out):
             out[:] = embed_sentences(model, sentences, "all")
         t = clock.best(run, args.repeats)
         err = 0.0 if ref is None else max(float(abs(a - b).max()) for a, b in zip(out, ref))
@@ -142,7 +142,7 @@ def embed_section(name: str, sentences, clock: Clock, rates, args) -> dict:
         for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             stack = anchor_lstm(cfg, clock.device, dtype)
             inputs = anchor_inputs(batches, cfg.projection_dim, clock.device, dtype)
-            t = clock.best(lambda: run_anchor(stack, inputs), args.repeats)
+            t = clock.best(lambda stack=stack, inputs=inputs: run_anchor(stack, inputs), args.repeats)
             res["cudnn"][label] = {"tokens_per_s": n_tok / t, "seconds": t}
     for name, v in res["ours"].items():
         key = "bf16" if name.startswith("bf16") else "fp32"
@@ -199,11 +199,10 @@ def train_section(sentences, clock: Clock, args, work: Path) -> dict:
     batches = StreamBatcher(Corpus([corpus_file], seed=0), vocab, rows, unroll)
     batch = next(batches).to(clock.device)
     for p in args.precisions:
-        lm.bilm.precision = p
+        lm.bilm.precision = p   # the model applies it: once per step
 
         def step():
-            with precision_context(p, clock.device):
-                sums, _ = lm.batch_nll(batch)
+            sums, _ = lm.batch_nll(batch)
             loss = 0.5 * sums.float().sum() / batch.n_targets
             opt.zero_grad(set_to_none=True)
             loss.backward()

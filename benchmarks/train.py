@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from torchelmo.bilm import Regularisation
 from torchelmo.corpus import Corpus
 from torchelmo.data import StreamBatcher
-from torchelmo.bilm import Regularisation
 from torchelmo.lm import LanguageModel
 from torchelmo.softmax import SampledSoftmax
 from torchelmo.train import TRAIN_PRESETS

@@ -127,6 +127,7 @@ def machine(threads: int) -> str:
 
 def score(phases: list[tuple[str, Path, dict]], test: Path, threads: int) -> dict:
     import torch
+
     from torchelmo.lm import LanguageModel
 
     torch.set_num_threads(threads)

@@ -89,6 +89,7 @@ def prepare(cfg: dict) -> None:
 
 def machine(threads: int | None) -> str:
     import torch
+
     from torchelmo.precision import cpu_bf16_support
     cpu = platform.processor() or platform.machine()
     try:
@@ -132,7 +133,7 @@ def train(args) -> int:
     run = run_dir(cfg)
     run.mkdir(parents=True, exist_ok=True)
     before, n_valid = checkpoint_progress(run), len(validations(run))
-    started, t0 = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    started, t0 = datetime.datetime.now(datetime.UTC), time.monotonic()
     cmd = [sys.executable, "-m", "torchelmo.cli", "train", "--config", os.path.relpath(CONFIG, ROOT), "--resume",
            "--time-limit", str(args.minutes)]
     if args.threads:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import shared_path
 
+from conftest import shared_path
 from torchelmo.average import average, load_lm
 from torchelmo.cli import main
 from torchelmo.lm import LanguageModel

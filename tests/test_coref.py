@@ -8,9 +8,20 @@ import pytest
 
 from conftest import SHARED
 from torchelmo import ElmoError
-from torchelmo.probe.coref import (CorefConfig, CorefDocument, Mention, build_pairs, head_match,
-                                   part_sizes, probe_coref, read_litbank, read_litbank_file, run_coref,
-                                   split_documents, unit_counts)
+from torchelmo.probe.coref import (
+    CorefConfig,
+    CorefDocument,
+    Mention,
+    build_pairs,
+    head_match,
+    part_sizes,
+    probe_coref,
+    read_litbank,
+    read_litbank_file,
+    run_coref,
+    split_documents,
+    unit_counts,
+)
 from torchelmo.probe.stats import f1_from_counts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

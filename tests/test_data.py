@@ -10,8 +10,8 @@ from torchelmo.chars import word_to_char_ids
 from torchelmo.corpus import Corpus, expand_files
 from torchelmo.data import SentenceBatcher, StreamBatcher, make_batch, sentences_batch
 from torchelmo.encoder import PAD_ID
-from torchelmo.vocab import Vocabulary
 from torchelmo.errors import ElmoError
+from torchelmo.vocab import Vocabulary
 
 
 def write(path, lines):
@@ -231,7 +231,7 @@ def test_sentence_batches_by_tokens_cover_epoch(corpus_files, sents):
     for b in sb:
         B, T = b.lengths.numel(), int(b.lengths.max())
         assert B == 1 or B * T <= 40
-        for r, toks in enumerate(batch_tokens(b, 0)):
+        for toks in batch_tokens(b, 0):
             seen.append(tuple(toks[1:]))
             assert toks[0] == word_to_char_ids("<S>")
     assert sorted(seen) == sorted(tuple(ids(s)) for s in sents)

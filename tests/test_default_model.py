@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT
 from torchelmo import BiLM, batch_to_ids
 from torchelmo.cli import main
 from torchelmo.registry import default_model_dir
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,10 +17,16 @@ import torch
 import torchelmo.embed as E
 from torchelmo import BiLM, ElmoError, batch_to_ids
 from torchelmo.cli import main
-from torchelmo.embed import (ElmoWarning, count_lines, embed_file, embed_sentences, iter_embed,
-                        iter_embed_file, merge_shards)
+from torchelmo.embed import (
+    ElmoWarning,
+    count_lines,
+    embed_file,
+    embed_sentences,
+    iter_embed,
+    iter_embed_file,
+    merge_shards,
+)
 from torchelmo.lstm import lstm_reference
-
 
 # Same sentence, different batch mates: float32 matmuls round differently for different batch
 # sizes, a few ulps of values up to ~4 (layers with skip connections).

@@ -16,8 +16,11 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from torchelmo import BiLM, batch_to_ids  # noqa: E402
-from torchelmo import backend  # noqa: E402
+from torchelmo import (  # noqa: E402
+    BiLM,
+    backend,  # noqa: E402
+    batch_to_ids,
+)
 from torchelmo import fused as F  # noqa: E402
 from torchelmo.config import ElmoConfig  # noqa: E402
 from torchelmo.errors import ElmoError  # noqa: E402
@@ -77,7 +80,7 @@ def test_gradients_by_finite_differences_float64():
     args = [t.requires_grad_() for t in (xw, w_h, w_p, c0, h0)]
     lengths = torch.tensor([3, 2])
     for clips in [(None, None), (0.8, 0.6)]:
-        assert torch.autograd.gradcheck(lambda *a: F.fused_recurrence(*a, lengths, *clips), args,
+        assert torch.autograd.gradcheck(lambda *a, clips=clips: F.fused_recurrence(*a, lengths, *clips), args,
                                         eps=1e-6, atol=1e-5, fast_mode=True)
 
 

@@ -5,7 +5,6 @@ import json
 import re
 
 from conftest import ROOT
-
 from torchelmo import BiLM
 from torchelmo.cli import main
 from torchelmo.info import DEFAULT_MODEL_FACTS, default_model_line

@@ -10,11 +10,18 @@ from torchelmo import BiLM
 from torchelmo.bilm import Regularisation
 from torchelmo.config import preset
 from torchelmo.data import sentences_batch
-from torchelmo.vocab import Vocabulary
 from torchelmo.errors import ElmoError
 from torchelmo.lm import LanguageModel
-from torchelmo.softmax import (AdaptiveSoftmax, FullSoftmax, SampledSoftmax, default_softmax, log_uniform_probs,
-                          make_softmax, sample_log_uniform)
+from torchelmo.softmax import (
+    AdaptiveSoftmax,
+    FullSoftmax,
+    SampledSoftmax,
+    default_softmax,
+    log_uniform_probs,
+    make_softmax,
+    sample_log_uniform,
+)
+from torchelmo.vocab import Vocabulary
 
 WORDS = "the cat sat on a mat and dog ran far away".split()
 SENTS = [["the", "cat", "sat"], ["a", "dog", "ran", "far", "away", "zebra"], ["on"], ["the", "mat"]]
@@ -52,7 +59,7 @@ def test_sampled_softmax_matches_independent_computation():
     q = [(math.log(k + 2) - math.log(k + 1)) / math.log(V + 1) for k in range(V)]
     W, b = sm.weight.tolist(), sm.bias.tolist()
     for i in range(5):
-        def logit(k):
+        def logit(k, i=i):
             return sum(x * w for x, w in zip(h[i].tolist(), W[k])) + b[k] - math.log(K * q[k])
         terms = [logit(int(t[i]))] + [logit(int(s)) for s in samples if int(s) != int(t[i])]
         m = max(terms)

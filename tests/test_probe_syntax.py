@@ -164,8 +164,16 @@ def test_read_columns(tmp_path):
 
 def test_uas_of_a_hand_set_scorer_and_of_the_neighbour_baselines():
     from torchelmo.probe.common import Standardize
-    from torchelmo.probe.deps import ArcScorer, Batch, Encoder, LabelScorer, Trees, evaluate, neighbour_heads, \
-        sentence_counts
+    from torchelmo.probe.deps import (
+        ArcScorer,
+        Batch,
+        Encoder,
+        LabelScorer,
+        Trees,
+        evaluate,
+        neighbour_heads,
+        sentence_counts,
+    )
     # Words are one-hot x = e_i, A = I, B = M: s(i, j) = M[i, j] and s(i, ROOT) = r[i].
     M = torch.tensor([[0.0, -1, -1], [-0.5, -2, -3], [3, -1, -1]])
     r = torch.tensor([5.0, -1, -1])

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import base_config
 
+from conftest import base_config
 from torchelmo import BiLM, ElmoConfig
 from torchelmo.bilm import Regularisation, sequence_dropout
 from torchelmo.errors import ElmoError

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import base_config
 from torchelmo.cli import main as cli_main
 from torchelmo.errors import ElmoError
 from torchelmo.train import CHECKPOINT_NAME, train
-
-from conftest import base_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -531,6 +530,7 @@ def test_embed_file_holds_one_batch_of_outputs_not_a_window(tmp_path, fixture_mo
 
 def test_unpinned_registry_weights_are_checked_against_their_options(tmp_path, server, monkeypatch):
     import h5py
+
     from torchelmo import BiLM
     from torchelmo import registry as R
     from torchelmo import weights as W

@@ -148,7 +148,7 @@ def test_messages_never_share_the_bar_line(kind):
         if kind == "warning":
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
-                warnings.warn("disk nearly full", UserWarning)
+                warnings.warn("disk nearly full", UserWarning, stacklevel=1)
         else:
             logging.getLogger("torchelmo.somewhere").warning("disk nearly full")
 

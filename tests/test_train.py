@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import base_config, shared_path
 from torchelmo.cli import main as cli_main
 from torchelmo.corpus import Corpus
 from torchelmo.errors import ElmoError
 from torchelmo.lm import LanguageModel
 from torchelmo.train import CHECKPOINT_NAME, TrainConfig, train
 from torchelmo.vocab import Vocabulary
-
-from conftest import base_config, shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

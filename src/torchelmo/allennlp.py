@@ -16,8 +16,9 @@ start from the zero state, as torchelmo's own API does. See docs/migrating.md.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Sequence
+from typing import IO
 
 import numpy as np
 import torch

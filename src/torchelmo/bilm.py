@@ -18,9 +18,9 @@ the next batch (rows beyond the stored ones start from zero); :meth:`reset_state
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -353,14 +353,14 @@ class BiLM(nn.Module):
 
     # -- loading and saving ----------------------------------------------------------------------
     @classmethod
-    def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> "BiLM":
+    def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> BiLM:
         """A model from published ``options.json`` + HDF5 weights (paths or URLs)."""
         model = cls(ElmoConfig.from_json_file(weights.cached_path(options_file)), **kw)
         weights.load_published_weights(model, weights.cached_path(weight_file))
         return model.eval()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> "BiLM":
+    def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> BiLM:
         """Load a model by registry name or alias (downloaded once, then cached), ``"default"``
         (the model shipped in the package), a directory in the native or the published layout, or
         a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""

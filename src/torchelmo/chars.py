@@ -7,9 +7,9 @@ ids (the only ones the model sees). A token is ``[BOW, bytes[:48]..., EOW, PAD, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain
-from typing import Sequence
 
 import numpy as np
 import torch

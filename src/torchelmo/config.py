@@ -111,14 +111,12 @@ class ElmoConfig:
         E, n, P, D = self.char_embed_dim, self.n_filters, self.projection_dim, self.lstm_dim
         cnn = self.n_characters * E + sum(w * E * c + c for w, c in self.filters)
         cnn += self.n_highway * (2 * n * n + 2 * n) + n * P + P
-        lstm = 0
-        for layer in range(self.n_layers):
-            lstm += 2 * ((P + P) * 4 * D + 4 * D + D * P)
+        lstm = self.n_layers * 2 * ((P + P) * 4 * D + 4 * D + D * P)   # both directions
         return cnn + lstm
 
     # -- the published schema ----------------------------------------------------------------------
     @classmethod
-    def from_options(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
+    def from_options(cls, options: dict[str, Any], source: str = "options") -> ElmoConfig:
         """Parse a published ``options.json`` object; ``source`` names the file in errors."""
         if not isinstance(options, dict):
             raise ElmoError(f"{source}: expected a JSON object, got {type(options).__name__}")
@@ -171,7 +169,7 @@ class ElmoConfig:
         }
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "ElmoConfig":
+    def from_json_file(cls, path: str | Path) -> ElmoConfig:
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")

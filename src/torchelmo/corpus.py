@@ -13,9 +13,9 @@ import glob
 import os
 import random
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from .chars import MAX_CHARS
 from .errors import ElmoError

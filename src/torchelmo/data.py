@@ -32,8 +32,8 @@ Distributed training
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 
@@ -41,8 +41,8 @@ from .bilm import lm_sequences
 from .chars import MAX_CHARS, word_to_char_ids
 from .corpus import Corpus, CorpusPosition
 from .encoder import plan_tokens
-from .runtime import copy_to
 from .errors import ElmoError
+from .runtime import copy_to
 from .text import length_batches
 from .vocab import Vocabulary
 
@@ -71,7 +71,7 @@ class Batch:
     global_targets: int
     groups: list[tuple[int, int]] | None = None
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(copy_to(self.char_ids, device), copy_to(self.token_index, device),
                      copy_to(self.targets, device), copy_to(self.lengths, device),
                      self.n_targets, self.global_targets, self.groups)
@@ -303,7 +303,7 @@ class SentenceBatcher:
 
     def _fill(self, start: CorpusPosition) -> None:
         sents, pos = [], start
-        for s, pos in self.corpus.sentences(start, self.epochs):
+        for s, pos in self.corpus.sentences(start, self.epochs):  # noqa: B007  (pos: where the pool ends)
             sents.append(s)
             if len(sents) == self.pool_size:
                 break

@@ -22,8 +22,8 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .errors import ElmoError
 from .fileio import atomic_path

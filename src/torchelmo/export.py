@@ -37,7 +37,7 @@ from .bilm import BiLM
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
 from .errors import ElmoError
 from .fileio import atomic_path, write_error
-from .lstm import FORGET_BIAS   # the published B leaves the forget gate's 1 out, as bilm-tf does
+from .lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
 from .runtime import add_device_args, apply_device_args
 from .signals import Interrupts
 

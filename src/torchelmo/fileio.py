@@ -15,8 +15,8 @@ import re
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .errors import ElmoError
 

@@ -31,8 +31,8 @@ from typing import NamedTuple
 import torch
 
 from .backend import fused_fits
-from .runtime import copy_to
 from .precision import PRECISIONS
+from .runtime import copy_to
 
 try:
     import triton

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 
 from . import weights
-from .registry import accepted_names
 from .download import offline_mode
 from .errors import ElmoError
 from .fileio import atomic_path
+from .registry import accepted_names
 
 # The files a model needs: the native format, and for an LM its softmax's description and vocabulary.
 FILES = [weights.CONFIG_NAME, weights.WEIGHTS_NAME, weights.EXTRA_CONFIG_NAME, weights.VOCAB_NAME]

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 import torch.nn as nn
@@ -31,6 +31,7 @@ from .config import ElmoConfig
 from .corpus import Corpus
 from .data import Batch, SentenceBatcher, StreamBatcher, sentences_batch
 from .errors import ElmoError
+from .registry import is_published
 from .softmax import (
     AdaptiveSoftmax,
     FullSoftmax,
@@ -40,7 +41,6 @@ from .softmax import (
     softmax_kind,
 )
 from .vocab import Vocabulary
-from .registry import is_published
 from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, VOCAB_NAME, load_native, save_native
 
 DEFAULT_REGULARISATION = Regularisation(dropout=0.1)  # bilm-tf's
@@ -222,13 +222,13 @@ class LanguageModel(nn.Module):
         return out_dir
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, dropout: float | None = None) -> "LanguageModel":
+    def from_pretrained(cls, name_or_path: str | Path, dropout: float | None = None) -> LanguageModel:
         """A whole LM saved by :meth:`save_pretrained`: its directory, or the Hugging Face Hub id
         ``owner/name[@revision]`` of a repository holding one (a directory of that name wins)."""
         return cls._from_dir(lm_dir(name_or_path), str(name_or_path), dropout)
 
     @classmethod
-    def _from_dir(cls, model_dir: Path, name: str, dropout: float | None) -> "LanguageModel":
+    def _from_dir(cls, model_dir: Path, name: str, dropout: float | None) -> LanguageModel:
         meta = read_lm_meta(model_dir, name)
         vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
@@ -242,7 +242,7 @@ class LanguageModel(nn.Module):
     @classmethod
     def init_from(cls, source: str | Path, vocab: Vocabulary, softmax: str | None = None,
                   num_samples: int = 8192, log=print,
-                  regularisation: Regularisation = DEFAULT_REGULARISATION) -> "LanguageModel":
+                  regularisation: Regularisation = DEFAULT_REGULARISATION) -> LanguageModel:
         """A new LM over ``vocab`` starting from a trained model.
 
         ``source`` is an LM (directory or Hub id: biLM + softmax) or any biLM ``BiLM.from_pretrained``

@@ -114,7 +114,7 @@ def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
 
 
 def _run_triton(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
-    from .fused import lstm_layer_fused   # imports Triton: only when this path runs
+    from .fused import lstm_layer_fused  # imports Triton: only when this path runs
     return lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 

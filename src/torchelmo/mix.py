@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -110,11 +110,11 @@ class Elmo(nn.Module):
             self.cache_vocab(vocab_to_cache)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path = "default", *, stateful: bool = False, **kw) -> "Elmo":
+    def from_pretrained(cls, name_or_path: str | Path = "default", *, stateful: bool = False, **kw) -> Elmo:
         return cls(BiLM.from_pretrained(name_or_path, stateful=stateful), **kw)
 
     @classmethod
-    def from_published(cls, options_file, weight_file, *, stateful: bool = False, **kw) -> "Elmo":
+    def from_published(cls, options_file, weight_file, *, stateful: bool = False, **kw) -> Elmo:
         return cls(BiLM.from_published(options_file, weight_file, stateful=stateful), **kw)
 
     def requires_grad_bilm(self, flag: bool) -> None:

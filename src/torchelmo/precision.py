@@ -24,8 +24,8 @@ import contextlib
 import functools
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

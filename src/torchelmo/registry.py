@@ -3,8 +3,8 @@ published bilm-tf/AllenNLP models and their aliases, and where each one's files 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .config import ElmoConfig
 from .download import cached_path

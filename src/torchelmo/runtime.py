@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

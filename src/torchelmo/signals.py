@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -23,7 +23,7 @@ class Interrupts:
         self._depth = 0
         self._old: dict[int, object] = {}
 
-    def __enter__(self) -> "Interrupts":
+    def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():   # elsewhere signals cannot be set
             for sig in SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)

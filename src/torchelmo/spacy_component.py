@@ -23,7 +23,7 @@ in :class:`~torchelmo.ScalarMix`; default equal weights), ``gamma``, ``batch_siz
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch

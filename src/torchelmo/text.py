@@ -17,9 +17,9 @@ probing and sentence-batched training.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from .errors import ElmoError
 

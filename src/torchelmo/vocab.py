@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from .chars import BOS_TOKEN, EOS_TOKEN
 from .corpus import expand_files
@@ -55,7 +55,7 @@ class Vocabulary:
 
     # -- files -----------------------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path: str | Path) -> "Vocabulary":
+    def from_file(cls, path: str | Path) -> Vocabulary:
         """One token per line (the bilm-tf format); an optional second column is a count."""
         path = Path(path)
         try:
@@ -92,7 +92,7 @@ class Vocabulary:
         return path
 
     @classmethod
-    def build(cls, files: Sequence[str | Path], min_count: int = 1, max_size: int | None = None) -> "Vocabulary":
+    def build(cls, files: Sequence[str | Path], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
         """Count a corpus (streamed) and keep tokens seen ``min_count`` times, most frequent first
         (ties alphabetically); ``max_size`` counts the three special tokens."""
         if max_size is not None and max_size < 3:

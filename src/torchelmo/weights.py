@@ -18,8 +18,8 @@ Native layout: a directory with ``config.json`` (the same options schema) and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

@@ -5,12 +5,19 @@ from __future__ import annotations
 import sys
 import warnings
 
+from ..backend import BACKENDS
 from ..bilm import BiLM
 from ..errors import ElmoError
-from ..backend import BACKENDS
-from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
-from ..runtime import (add_device_args, add_quiet_args, apply_device_args, resolve_cuda_device,
-                       show_progress, show_summary)
+from ..precision import CHOICES as PRECISION_CHOICES
+from ..precision import PRECISION_HELP
+from ..runtime import (
+    add_device_args,
+    add_quiet_args,
+    apply_device_args,
+    resolve_cuda_device,
+    show_progress,
+    show_summary,
+)
 from ..signals import Interrupts
 from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard

@@ -11,8 +11,8 @@ so the original implementations' carried-state outputs can be reproduced.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -156,7 +156,7 @@ class Batching:
 
     @classmethod
     def resolve(cls, stateful: bool, batch_size: int | None, max_tokens_per_batch: int | None,
-                window_lines: int = WINDOW_LINES, window_bytes: int = WINDOW_BYTES) -> "Batching":
+                window_lines: int = WINDOW_LINES, window_bytes: int = WINDOW_BYTES) -> Batching:
         for name, v in (("batch_size", batch_size), ("max_tokens_per_batch", max_tokens_per_batch),
                         ("window_lines", window_lines), ("window_bytes", window_bytes)):
             if v is not None and (not isinstance(v, int) or v < 1):

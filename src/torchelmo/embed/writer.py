@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class GuardedH5:
         self.writer = GuardedWriter(tmp)
         self.file = None
 
-    def __enter__(self) -> "GuardedH5":
+    def __enter__(self) -> GuardedH5:
         import h5py
         with self.interrupts.critical():
             self.file = h5py.File(self.writer, "w")

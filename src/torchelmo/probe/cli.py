@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from ..errors import ElmoError
-from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
+from ..precision import CHOICES as PRECISION_CHOICES
+from ..precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, apply_device_args, show_progress, show_summary
 
 DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)

@@ -7,7 +7,7 @@ one another, so a change to one probe cannot silently change another.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ class Standardize(nn.Module):
         return (x.float() - mean) / std
 
     @classmethod
-    def fit(cls, x: np.ndarray, token_axis: int = 0, chunk: int = 65536) -> "Standardize":
+    def fit(cls, x: np.ndarray, token_axis: int = 0, chunk: int = 65536) -> Standardize:
         # float64 sums in chunks: a float16 (L, N, F) array is never cast whole.
         n = x.shape[token_axis]
         s = s2 = 0.0

@@ -85,7 +85,7 @@ def render(summary: dict) -> str:
     if any(v is not None for v in tokens.values()):
         lines += ["Training tokens read: " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in tokens.items() if v), ""]
     verdicts = []
-    for task, t in summary["tasks"].items():
+    for t in summary["tasks"].values():
         here = [label for label in labels if label in t["runs"]]
         lines += [f"## {t['title']}", "", "| input | " + " | ".join(here) + " |",
                   "|---|" + "---|" * len(here)]

@@ -17,8 +17,8 @@ Test scores come with 95% bootstrap intervals over test sentences, and E2 - E1 w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ class Trees:
     labels: np.ndarray   # (N,) relation ids; -1 = a relation unseen in training (always wrong)
 
     @classmethod
-    def build(cls, sentences: Sequence[DepSentence], index: dict[str, int]) -> "Trees":
+    def build(cls, sentences: Sequence[DepSentence], index: dict[str, int]) -> Trees:
         offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
         np.cumsum([len(s.heads) for s in sentences], out=offsets[1:])
         heads = np.array([h for s in sentences for h in s.heads], dtype=np.int64)
@@ -84,7 +84,7 @@ class Batch:
     labels: torch.Tensor     # (n,) gold relation ids
 
     @classmethod
-    def of(cls, trees: Trees, sentences: np.ndarray) -> "Batch":
+    def of(cls, trees: Trees, sentences: np.ndarray) -> Batch:
         starts, ends = trees.offsets[sentences], trees.offsets[sentences + 1]
         lengths = ends - starts
         rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)])

@@ -9,8 +9,8 @@ POS tagger takes. Test accuracy comes with a 95% bootstrap interval over test se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import torch

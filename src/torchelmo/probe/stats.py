@@ -7,7 +7,7 @@ of tokens within a sentence, which resampling tokens would ignore.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

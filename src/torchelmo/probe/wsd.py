@@ -23,8 +23,8 @@ learned temperature ``tau`` is reported instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch

@@ -9,9 +9,10 @@ from __future__ import annotations
 import gzip
 import io
 import xml.parsers.expat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 import numpy as np
 

@@ -20,7 +20,15 @@ averaged by DistributedDataParallel with the loss normalised by the global numbe
 N ranks with global batch B compute the same steps as one process with batch B.
 """
 
-from .checkpoint import CHECKPOINT_NAME, KEPT_DIR, Progress, lm_from_checkpoint, load_checkpoint, load_lm, save_checkpoint
+from .checkpoint import (
+           CHECKPOINT_NAME,
+           KEPT_DIR,
+           Progress,
+           lm_from_checkpoint,
+           load_checkpoint,
+           load_lm,
+           save_checkpoint,
+)
 from .config import MAX_GRAD_ACCUM, RESUME_OVERRIDABLE, TRAIN_PRESETS, TrainConfig
 from .metrics import METRICS_NAME
 from .trainer import TRAIN_CONFIG_NAME, Trainer, train

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ElmoError
-from ..precision import CHOICES as PRECISION_CHOICES, PRECISION_HELP
+from ..precision import CHOICES as PRECISION_CHOICES
+from ..precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
 from .checkpoint import resume_point
 from .config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig

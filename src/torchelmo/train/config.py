@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..bilm import Regularisation
 from ..config import ElmoConfig, preset
@@ -176,7 +177,7 @@ class TrainConfig:
                         "options.json file")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "train config") -> "TrainConfig":
+    def from_dict(cls, d: dict[str, Any], source: str = "train config") -> TrainConfig:
         """The options of a JSON object; keys starting with ``_`` are comments (a config file's
         ``"_command"`` says how it is run)."""
         if not isinstance(d, dict):

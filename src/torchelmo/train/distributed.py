@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 
-
 @dataclass
 class DistEnv:
     rank: int = 0

@@ -7,7 +7,7 @@ import math
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .metrics import MetricsLog
 
@@ -61,7 +61,7 @@ class StopSignals:
     def name(self) -> str | None:
         return signal.Signals(self.signum).name if self.signum is not None else None
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():   # elsewhere signals cannot be set
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)

@@ -9,9 +9,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -95,7 +95,7 @@ class Trainer:
         self.progress = ckpt_io.Progress()
         self.last_checkpoint_step: int | None = None
 
-    def setup(self) -> "Trainer":
+    def setup(self) -> Trainer:
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
