@@ -4,6 +4,7 @@ TensorBoard scalars under ``RUN/tensorboard``."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from ..fileio import atomic_path
@@ -36,9 +37,13 @@ class MetricsLog:
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
+        except ImportError:   # tensorboard is optional: without it, metrics.jsonl alone
+            return
+        try:
             self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
-        except Exception:  # tensorboard is optional
-            pass
+        except OSError as e:  # installed but cannot write: say so once, keep training
+            warnings.warn(f"{Path(out_dir) / 'tensorboard'}: TensorBoard logging is off ({e.strerror or e})",
+                          stacklevel=2)
 
     def record(self, entry: dict) -> None:
         self.file.write(json.dumps(entry) + "\n")
