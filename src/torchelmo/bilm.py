@@ -355,8 +355,10 @@ class BiLM(nn.Module):
     @classmethod
     def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> BiLM:
         """A model from published ``options.json`` + HDF5 weights (paths or URLs)."""
-        model = cls(ElmoConfig.from_json_file(weights.cached_path(options_file)), **kw)
-        weights.load_published_weights(model, weights.cached_path(weight_file))
+        config = ElmoConfig.from_json_file(weights.cached_path(options_file, kind="json"))
+        weight_path = weights.cached_path(weight_file, kind="hdf5")   # found before the model is allocated
+        model = cls(config, **kw)
+        weights.load_published_weights(model, weight_path)
         return model.eval()
 
     @classmethod

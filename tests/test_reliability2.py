@@ -1,0 +1,193 @@
+"""Reliability, round two (issue 29): downloads checked as the caller loads them, with a deadline
+and a size limit; the stale-temp sweep judged by the writer's lock; the tracebacks that were
+left; messages and documented figures. The server, the tiny published model and the helpers are
+those of ``test_reliability.py``.
+"""
+
+import hashlib
+import http.server
+import os
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+import test_reliability as R
+from torchelmo.errors import ElmoError
+
+server = R.server   # the fixture: a server on 127.0.0.1 with routes
+_cache_files, _dead_pid, _lines, _tiny_published, one_line_error = (
+    R._cache_files, R._dead_pid, R._lines, R._tiny_published, R.one_line_error)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Downloads: the check of what the caller loads, the record, a deadline and a size limit.
+# ------------------------------------------------------------------------------------------------
+HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>Please log in</body></html>\n"
+
+
+def test_a_download_gets_the_check_of_what_the_caller_loads_whatever_its_url(tmp_path, server, monkeypatch):
+    from torchelmo import BiLM
+    from torchelmo.download import cached_path
+    base, routes = server
+    options, weights = _tiny_published(tmp_path)
+    body = weights.read_bytes()
+    cache = tmp_path / "cache"
+    # URLs without a known suffix: the caller says what it loads.
+    routes["/w"] = (200, {}, HTML)
+    for kind in (None, "hdf5"):   # HTML is never a model file, whoever asks
+        with pytest.raises(ElmoError, match="sent an HTML page, not the file; nothing was cached"):
+            cached_path(f"{base}/w", cache=cache, progress=False, kind=kind)
+    routes["/w"] = (200, {}, b"")
+    with pytest.raises(ElmoError, match="the download is empty"):
+        cached_path(f"{base}/w", cache=cache, progress=False)
+    routes["/w"] = (200, {}, body[: len(body) // 2])   # honest Content-Length, cut body
+    for kind in (None, "hdf5"):   # without a kind, the HDF5 signature tells
+        with pytest.raises(ElmoError, match="not a complete HDF5 file"):
+            cached_path(f"{base}/w", cache=cache, progress=False, kind=kind)
+    routes["/o"] = (200, {}, b'{"lstm": {"dim": ')
+    with pytest.raises(ElmoError, match="not valid JSON"):
+        cached_path(f"{base}/o", cache=cache, progress=False, kind="json")
+    with pytest.raises(ElmoError, match="not a complete HDF5 file"):   # what the caller loads wins over the URL
+        routes["/x.json"] = (200, {}, body[:100])
+        cached_path(f"{base}/x.json", cache=cache, progress=False, kind="hdf5")
+    assert _cache_files(cache) == []
+    # BiLM.from_published over such URLs: each file gets the check of how it is loaded.
+    routes["/o"] = (200, {}, HTML)
+    routes["/w"] = (200, {}, body)
+    monkeypatch.setenv("ELMO_CACHE", str(cache))
+    monkeypatch.delenv("ELMO_OFFLINE", raising=False)
+    with pytest.raises(ElmoError, match="HTML page"):
+        BiLM.from_published(f"{base}/o", f"{base}/w")
+    routes["/o"] = (200, {}, b'{"lstm": {"dim": ')   # short: only the check of what is loaded sees it
+    with pytest.raises(ElmoError, match="not valid JSON"):
+        BiLM.from_published(f"{base}/o", f"{base}/w")
+    routes["/o"] = (200, {}, options.read_bytes())
+    routes["/w"] = (200, {}, body[: len(body) // 2])
+    with pytest.raises(ElmoError, match="not a complete HDF5 file"):
+        BiLM.from_published(f"{base}/o", f"{base}/w")
+    assert [n for n in _cache_files(cache) if n.endswith(("-w", "-w.sha256"))] == []
+    routes["/w"] = (200, {}, body)
+    assert BiLM.from_published(f"{base}/o", f"{base}/w").config.lstm_dim > 0
+
+
+def _tampered(weights: Path) -> bytes:
+    """The same HDF5 file, well formed, one value changed."""
+    with h5py.File(weights, "r+") as f:
+        f["CNN_proj/b_proj"][0] = 12345.0
+    return weights.read_bytes()
+
+
+def test_an_entry_without_its_record_is_never_trusted_on_its_content(tmp_path, server):
+    from torchelmo.download import _sha256, cached_path
+    base, routes = server
+    _, weights = _tiny_published(tmp_path)
+    good = weights.read_bytes()
+    bad = _tampered(weights)
+    routes["/w.hdf5"] = (200, {}, good)
+    cache = tmp_path / "cache"
+    path = cached_path(f"{base}/w.hdf5", cache=cache, progress=False)
+    record = path.with_name(path.name + ".sha256")
+    # Replaced by a well-formed file and its record deleted: it would pass any content check.
+    path.write_bytes(bad)
+    record.unlink()
+    with pytest.raises(ElmoError, match="has no digest record, so it cannot be trusted"):
+        cached_path(f"{base}/w.hdf5", cache=cache, progress=False, offline=True)
+    assert path.read_bytes() == bad and not record.exists()   # not re-recorded
+    assert cached_path(f"{base}/w.hdf5", cache=cache, progress=False).read_bytes() == good   # fetched again
+    assert record.read_text().strip() == _sha256(path)
+    # With a pinned digest, the pin decides, record or not.
+    path.write_bytes(bad)
+    record.unlink()
+    pin = hashlib.sha256(good).hexdigest()
+    assert cached_path(f"{base}/w.hdf5", sha256=pin, cache=cache, progress=False).read_bytes() == good
+    path.write_bytes(bad)
+    with pytest.raises(ElmoError, match="fails its checks and offline mode is on"):
+        cached_path(f"{base}/w.hdf5", sha256=pin, cache=cache, progress=False, offline=True)
+
+
+@pytest.fixture
+def slow_server():
+    """``(base_url, hits)``: /trickle sends a body a byte at a time (every 0.2 s, never ending);
+    /slow-headers sends its status line that way; /big announces 10 GB; /grow sends chunks with no
+    Content-Length, for ever."""
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_GET(self):
+            hits.append(self.path)
+            try:
+                if self.path == "/slow-headers":
+                    for b in b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx":
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                    return
+                self.send_response(200)
+                if self.path == "/big":
+                    self.send_header("Content-Length", str(10 ** 10))
+                elif self.path == "/trickle":
+                    self.send_header("Content-Length", "100000")
+                self.end_headers()
+                for _ in range(100000 if self.path != "/big" else 1):
+                    self.wfile.write(b"\0" * (65536 if self.path in ("/grow", "/big") else 1))
+                    self.wfile.flush()
+                    if self.path == "/trickle":
+                        time.sleep(0.2)
+            except OSError:   # the client hung up
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", hits
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize("path", ["/trickle", "/slow-headers"])
+def test_a_download_ends_within_its_deadline(tmp_path, slow_server, path, monkeypatch):
+    # Bytes come faster than any per-read timeout; only a deadline on the whole ends it.
+    from torchelmo.download import cached_path
+    base, _ = slow_server
+    cache = tmp_path / "cache"
+    t0 = time.monotonic()
+    with pytest.raises(ElmoError, match=r"did not finish within its deadline of 1.5 s \(ELMO_DOWNLOAD_DEADLINE\)"):
+        cached_path(f"{base}{path}", cache=cache, progress=False, deadline=1.5)
+    assert time.monotonic() - t0 < 4
+    assert _cache_files(cache) == []
+    monkeypatch.setenv("ELMO_DOWNLOAD_DEADLINE", "1")   # the default comes from the environment
+    t0 = time.monotonic()
+    with pytest.raises(ElmoError, match="deadline of 1 s"):
+        cached_path(f"{base}{path}", cache=cache, progress=False)
+    assert time.monotonic() - t0 < 3.5
+    monkeypatch.setenv("ELMO_DOWNLOAD_DEADLINE", "soon")
+    with pytest.raises(ElmoError, match="ELMO_DOWNLOAD_DEADLINE='soon': expected a positive number"):
+        cached_path(f"{base}{path}", cache=cache, progress=False)
+
+
+def test_a_download_has_a_size_limit(tmp_path, slow_server, monkeypatch):
+    from torchelmo.download import cached_path
+    base, _ = slow_server
+    cache = tmp_path / "cache"
+    t0 = time.monotonic()
+    with pytest.raises(ElmoError, match=r"announces 10,000,000,000 bytes, over the limit of 1,048,576 "
+                                        r"\(ELMO_DOWNLOAD_MAX_BYTES\); nothing was downloaded"):
+        cached_path(f"{base}/big", cache=cache, progress=False, max_bytes=1 << 20)
+    with pytest.raises(ElmoError, match="cut off at 1,048,576 bytes, the limit"):
+        cached_path(f"{base}/grow", cache=cache, progress=False, max_bytes=1 << 20)
+    monkeypatch.setenv("ELMO_DOWNLOAD_MAX_BYTES", "300000")
+    with pytest.raises(ElmoError, match="cut off at 300,000 bytes"):
+        cached_path(f"{base}/grow", cache=cache, progress=False)
+    assert time.monotonic() - t0 < 10
+    assert _cache_files(cache) == []
