@@ -7,6 +7,9 @@ those of ``test_reliability.py``.
 import hashlib
 import http.server
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -191,3 +194,47 @@ def test_a_download_has_a_size_limit(tmp_path, slow_server, monkeypatch):
         cached_path(f"{base}/grow", cache=cache, progress=False)
     assert time.monotonic() - t0 < 10
     assert _cache_files(cache) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The stale-temp sweep: a live writer holds its temporary file's lock.
+# ------------------------------------------------------------------------------------------------
+_WRITER = """
+import os, sys
+import torchelmo.fileio as fileio
+os.getpid = lambda: int(sys.argv[2])   # as seen from another PID namespace: this PID is not running here
+with fileio.atomic_path(sys.argv[1]) as tmp:
+    tmp.write_text("from the other namespace")
+    print(tmp.name, flush=True)
+    sys.stdin.readline()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer's lock is Linux's (elsewhere: host + PID)")
+def test_the_sweep_spares_a_live_writer_whose_pid_looks_dead(tmp_path):
+    from torchelmo.fileio import atomic_path
+    out = tmp_path / "out.txt"
+    dead = _dead_pid()
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(out), str(dead)], env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    theirs = tmp_path / writer.stdout.readline().strip()
+    assert f".{dead}." in theirs.name and theirs.is_file(), writer.stderr.read()
+    with atomic_path(out) as tmp:   # a write of the same name sweeps
+        tmp.write_text("ours")
+    assert theirs.is_file()        # host + PID alone would have called it stale
+    writer.stdin.write("\n")
+    writer.stdin.flush()
+    assert writer.stdout.readline().strip() == "done" and writer.wait(timeout=60) == 0, writer.stderr.read()
+    assert out.read_text() == "from the other namespace"
+    # A writer killed before its rename: the lock went with it, and the next write removes its file.
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(out), str(dead)], env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    theirs = tmp_path / writer.stdout.readline().strip()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=60)
+    assert theirs.is_file()
+    with atomic_path(out) as tmp:
+        tmp.write_text("ours")
+    assert not theirs.exists() and out.read_text() == "ours"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]

@@ -1,9 +1,19 @@
 """Atomic file writes: a crash or kill never leaves a truncated file under the final name.
 
-A file is written as ``.NAME.HOST.PID.RANDOM.tmp`` beside ``NAME`` and renamed when complete. A
-process killed before the rename (SIGKILL, power loss) leaves its temporary file behind; the next
-write of the same ``NAME`` removes those whose process is gone (same host, PID no longer
-running), and files of the older ``.NAME.RANDOM.tmp`` naming untouched for an hour.
+A file is written as ``.NAME.HOST.PID.RANDOM.tmp`` beside ``NAME`` and renamed when complete.
+For its whole life the writer holds a lock on that temporary file: an open-file-description lock
+(``fcntl`` ``F_OFD_SETLK``, Linux), which the kernel drops when the writer's process ends however
+it ends, and which, unlike ``flock``, does not collide with the lock HDF5 takes on the same file.
+
+A process killed before the rename (SIGKILL, power loss) leaves its temporary file behind; the
+next write of the same ``NAME`` removes it when its writer is gone, judged by a test that a
+writer in another PID namespace sharing the volume (containers with the same host name) cannot
+fail: the sweep removes a temporary file of this host only if it can take the file's lock itself
+(no live writer holds it) and, for writers of older versions that held no lock, the PID in its
+name is not running here. Files of other hosts are never touched (their locks may not reach this
+machine). Where the lock is unavailable (not Linux, or a file system without it), the rule is the
+older one: same host and PID no longer running. Files of the still older ``.NAME.RANDOM.tmp``
+naming are removed when untouched for an hour.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ import errno
 import os
 import re
 import socket
+import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +33,15 @@ from pathlib import Path
 from .errors import ElmoError
 
 LEGACY_STALE_SECONDS = 3600
+
+try:
+    import fcntl
+except ImportError:   # Windows
+    fcntl = None
+
+# struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (and padding); l_len 0 is
+# the whole file, and l_pid must be 0 for an open-file-description lock.
+_OFD = fcntl is not None and hasattr(fcntl, "F_OFD_SETLK") and sys.maxsize > 2**32
 
 
 def _host() -> str:
@@ -37,6 +58,39 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
+def lock_file(fd: int) -> bool | None:
+    """Take the writer's lock on an open file, without waiting: True when taken, False when
+    another open file holds it, None where such locks are unavailable (then liveness falls back
+    to host and PID). The lock lasts until ``fd`` is closed (or its process ends)."""
+    if not _OFD:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        return None       # EINVAL, ENOLCK: not on this kernel or file system
+    return True
+
+
+def _stale(p: Path, pid: int) -> bool:
+    """Whether the temporary file ``p`` of this host, written by process ``pid``, has no live
+    writer; if so it is removed (under its lock, where there is one)."""
+    try:
+        fd = os.open(p, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:       # gone meanwhile, a link, or not ours to open
+        return False
+    try:
+        if lock_file(fd) is False:   # a live writer holds it, whatever its PID looks like from here
+            return False
+        if _pid_running(pid):        # a writer of an older version (no lock), or a reused PID
+            return False
+        p.unlink()
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temporaries(path: str | Path) -> list[Path]:
     """Remove the temporary files that dead writers of ``path`` left beside it; returns them."""
     path = Path(path)
@@ -51,10 +105,10 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
         parts = middle.split(".")
         try:
             if len(parts) == 3 and parts[1].isdigit():
-                stale = parts[0] == host and not _pid_running(int(parts[1]))
-            else:   # the older naming, with no owner recorded: judged by age
-                stale = len(parts) == 1 and time.time() - p.stat().st_mtime > LEGACY_STALE_SECONDS
-            if stale and p.is_file():
+                if parts[0] == host and p.is_file() and not p.is_symlink() and _stale(p, int(parts[1])):
+                    removed.append(p)
+            elif len(parts) == 1 and time.time() - p.stat().st_mtime > LEGACY_STALE_SECONDS and p.is_file():
+                # the older naming, with no owner recorded: judged by age
                 p.unlink()
                 removed.append(p)
         except OSError:   # removed meanwhile, or not ours to remove
@@ -81,15 +135,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp",
-                                   dir=path.parent)
+        fd, tmp_path = _locked_temporary(path)
     except OSError as e:
         raise write_error(path, e) from None
-    os.close(fd)
-    tmp_path = Path(tmp)
     try:
         yield tmp_path
         try:
+            fd = _relock(tmp_path, fd)
             # mkstemp makes the file owner-only, and some writers (safetensors) replace the file
             # with their own: give the result the permissions a plain open() would.
             umask = os.umask(0)
@@ -103,6 +155,40 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
+
+
+def _locked_temporary(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside ``path``, open and locked. A sweep may have taken the lock of a
+    file just created (between its creation and its locking) and removed it: then another."""
+    for _ in range(100):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp",
+                                   dir=path.parent)
+        locked = lock_file(fd)
+        try:
+            if locked is None or (locked and os.path.samestat(os.fstat(fd), os.stat(tmp))):
+                return fd, Path(tmp)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "cannot create and lock a temporary file beside it")
+
+
+def _relock(tmp_path: Path, fd: int) -> int:
+    """The lock again, on the file now at ``tmp_path``, if a writer replaced the file (safetensors
+    writes its own and renames it over the temporary one): the lock must cover what is renamed."""
+    try:
+        if os.path.samestat(os.fstat(fd), os.stat(tmp_path)):
+            return fd
+        new = os.open(tmp_path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return fd          # the rename reports what is wrong
+    if lock_file(new) is False:
+        os.close(new)
+        return fd
+    os.close(fd)
+    return new
 
 
 class GuardedWriter:
