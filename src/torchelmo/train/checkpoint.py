@@ -116,7 +116,8 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"(?i)unsupported global:? GLOBAL ([\w.]+)", str(e))
+        # torch < 2.13: "Unsupported global: GLOBAL os.system"; 2.13: "unsupported GLOBAL posix.system"
+        found = re.search(r"(?i)unsupported (?:global:? )?GLOBAL ([\w.]+)", str(e))
         if found is None:   # not a pickle at all
             raise ElmoError(f"{path}: cannot read checkpoint (not a torch checkpoint file)") from None
         raise ElmoError(f"{path}: refused: holds Python objects ({found.group(1)}) beyond tensors and plain "
