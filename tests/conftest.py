@@ -91,3 +91,61 @@ def check_stateful_fixture(model_dir, sentences_file, device="cpu", atol=1e-6, b
                                            err_msg=f"sentence {k}/{i}")
                 n_checked += 1
     assert n_checked == 3 * batches
+
+
+# -- the `core` marker ---------------------------------------------------------------------------
+# Core tests need neither ../shared nor an optional extra: `pytest -m core` runs them in a bare
+# clone in about a minute. A test is core unless it asks for a fixture that reads ../shared, its
+# own code names ../shared or a helper that does, or its module imports an optional extra (or
+# declares EXTRAS_NEEDED, for one that reaches an extra another way).
+SHARED_FIXTURES = {"allennlp_dir", "bilmtf_dir", "fixture_model", "fixture_corpus", "ptb_slice", "tiny_run",
+                   "sentences", "model_args", "default_model"}
+SHARED_NAMES = ("shared_path(", "SHARED", "FIXTURES", "DATA /", "DATA,", "../shared", "check_stateful_fixture",
+                "fixture_corpus", "UD_", "PTB")
+EXTRAS = ("onnx", "onnxruntime", "spacy", "triton", "huggingface_hub", "matplotlib", "nltk", "flair")
+
+
+def _needs_more(item) -> bool:
+    import ast
+    import inspect
+    import re
+    if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    module = inspect.getsource(item.module)
+    if _imports_an_extra(module) or "EXTRAS_NEEDED" in module:
+        return True
+    # The module's own constants built from ../shared (UD = DATA / ...) and its helpers that
+    # read it (def ewt(split): return shared_path(...)) count as ../shared.
+    names = [*SHARED_NAMES, *SHARED_FIXTURES,
+             *re.findall(r"^([A-Z_][A-Z0-9_]*)\s*=.*(?:DATA|SHARED|FIXTURES|shared_path)", module, re.M)]
+    for node in ast.parse(module).body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_") and any(
+                n in ast.get_source_segment(module, node) for n in names):
+            names.append(f"{node.name}(")
+    sources = [inspect.getsource(item.function)]
+    for defs in item._fixtureinfo.name2fixturedefs.values():   # fixtures, and theirs
+        for d in defs:
+            try:
+                sources.append(inspect.getsource(d.func))
+            except (OSError, TypeError):   # pytest's own fixtures
+                pass
+    return any(name in source for source in sources for name in names)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not _needs_more(item):
+            item.add_marker(pytest.mark.core)
+
+
+def _imports_an_extra(source: str) -> bool:
+    return any(f"import {x}" in source or f"importorskip(\"{x}" in source for x in EXTRAS)
+
+
+def pytest_ignore_collect(collection_path, config):
+    # Under -m core, a module that imports an optional extra holds no core test: not even
+    # imported, so that a bare install can collect the rest.
+    if "core" in (config.getoption("markexpr") or "") and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_"):
+        return _imports_an_extra(collection_path.read_text(encoding="utf-8")) or None
+    return None

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+EXTRAS_NEEDED = ("corpus",)   # the script tokenises with NLTK
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("prepare_corpus", ROOT / "scripts" / "prepare_corpus.py")
 pc = importlib.util.module_from_spec(_spec)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -238,10 +239,18 @@ def _fmt(v: float, ci=None) -> str:
     return f"{100 * v:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
+def plots_available() -> bool:
+    """Whether matplotlib (the ``plots`` extra) is installed; without it the report has no figures."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def render(results: dict, out_dir: Path) -> Path:
-    """Write ``report.md`` and the plots into ``out_dir``; returns the report's path."""
+    """Write ``report.md`` and, with matplotlib, the plots into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    plots = plots_available()
     lines = ["# Probing report", ""]
+    if not plots:
+        lines += ["(No figures: they need matplotlib, `pip install 'torchelmo[plots]'`.)", ""]
     m = results.get("model", {})
     if m:
         lines += [f"Model: `{m.get('path')}` ({m.get('parameters', '?'):,} parameters, fingerprint "
@@ -250,20 +259,21 @@ def render(results: dict, out_dir: Path) -> Path:
     sections = _sections(results)
     for task, s in sections:
         if not task.startswith("tag"):
-            lines += _layer_section(task, s, out_dir)
+            lines += _layer_section(task, s, out_dir, plots)
     if "ner" in results:
         s = results["ner"]
-        _ner_plot(s, out_dir / "ner.png")
+        if plots:
+            _ner_plot(s, out_dir / "ner.png")
         lines += ["## NER (WNUT-17 test entity F1, %)", "", "| input | F1 |", "|---|---|"]
         lines += [f"| {n} | {_fmt(s[n], s['intervals'][n])} |" for n in s["intervals"]]
         if "mix_weights" in s:
             lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}, "
                       f"gamma = {s['gamma']:.3f}."]
-        lines += ["", "![ner](ner.png)", ""]
+        lines += ["", "![ner](ner.png)", ""] if plots else [""]
     for task, s in sections:
         if task.startswith("tag"):
-            lines += _layer_section(task, s, out_dir)
-    if _weights_plot(results, out_dir / "mix_weights.png"):
+            lines += _layer_section(task, s, out_dir, plots)
+    if plots and _weights_plot(results, out_dir / "mix_weights.png"):
         lines += ["## Learned mix weights", "", "![mix weights](mix_weights.png)", ""]
     path = out_dir / "report.md"
     with atomic_path(path) as tmp:
@@ -287,10 +297,11 @@ def _title(task: str) -> str:
     return TITLE.get(task, task.upper())
 
 
-def _layer_section(task: str, s: dict, out_dir: Path) -> list[str]:
+def _layer_section(task: str, s: dict, out_dir: Path, plots: bool = True) -> list[str]:
     """A per-layer task's section: per-layer table, mix, paired differences, plot, the expected ordering."""
     png = f"{task.replace(':', '_')}_layers.png"
-    _layer_plot(task, s, out_dir / png)
+    if plots:
+        _layer_plot(task, s, out_dir / png)
     lines = [f"## {_title(task)} ({METRIC.get(task, 'accuracy')}, %)", "",
              "| input | trained | random-weights control | paper |", "|---|---|---|---|"]
     for n in _inputs(s):
@@ -315,6 +326,6 @@ def _layer_section(task: str, s: dict, out_dir: Path) -> list[str]:
         for name, r in d.get("paired", {}).items():
             lines += ["", f"Paired bootstrap {name.replace('E2-E1', 'E2 - E1')} ({who}): "
                       f"{100 * r['diff']:+.2f} [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points."]
-    lines += ["", f"![{task} per layer]({png})", ""]
+    lines += ["", f"![{task} per layer]({png})", ""] if plots else [""]
     order = _ordering_line(task, s)
     return lines + ([order, ""] if order else [])
