@@ -210,3 +210,25 @@ def test_train_quiet_levels(flags, lines, tmp_path, fixture_corpus, capsys):
     assert err.count("\n") == lines, err
     if lines:
         assert err.startswith("elmo train: 2 steps,") and str(tmp_path / "run") in err
+
+
+def test_a_signal_after_the_output_is_complete_changes_nothing(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    import torchelmo.embed.cli as embed_cli
+    real = embed_cli.mark_done
+
+    def done_then_signal():
+        real()
+        os.kill(os.getpid(), signal.SIGTERM)   # arrives once OUTPUT is in place
+    monkeypatch.setattr(embed_cli, "mark_done", done_then_signal)
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n")
+    assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top", "--threads", "1"]) == 0
+    assert (tmp_path / "o.hdf5").is_file() and "interrupted" not in capsys.readouterr().err
+    monkeypatch.undo()
+    # Before that point the same signal interrupts: status 130 and no OUTPUT.
+    monkeypatch.setattr(embed_cli, "embed_file", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM) or 1 / 0)
+    assert main(["embed", str(src), str(tmp_path / "p.hdf5"), "--top", "--threads", "1"]) == 130
+    assert not (tmp_path / "p.hdf5").exists()

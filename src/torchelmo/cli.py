@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import __version__
+from . import __version__, signals
 from .errors import ElmoError
 from .signals import Interrupts
 
@@ -63,6 +63,7 @@ def _discard_closed_pipes() -> None:
 
 
 def _run(argv: list[str] | None) -> int:
+    signals.reset()
     given = sys.argv[1:] if argv is None else argv
     command = f"elmo {given[0]}" if given and not given[0].startswith("-") else "elmo"
     try:
@@ -83,9 +84,19 @@ def _run(argv: list[str] | None) -> int:
         print(f"{command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if signals.work_done():   # the result was complete when the signal came: it stands
+            return 0
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
 
 
+def entry() -> None:
+    """The installed ``elmo`` command: :func:`main`, then exit with its status, which a signal
+    arriving while the interpreter shuts down can no longer change."""
+    status = main()
+    signals.ignore_from_now()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -39,7 +39,7 @@ from .errors import ElmoError
 from .fileio import atomic_path, write_error
 from .lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
 from .runtime import add_device_args, apply_device_args
-from .signals import Interrupts
+from .signals import Interrupts, mark_done
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
@@ -322,6 +322,7 @@ def run(args) -> int:
     device = apply_device_args(args)
     with Interrupts():   # SIGTERM unwinds like Ctrl-C: the temporary file goes, OUT stays as it was
         diff = export(args.model, args.out, fmt, verify=not args.no_verify, opset=args.opset, device=device)
+        mark_done()
     if args.no_verify:
         note = "not verified"
     elif diff is None:

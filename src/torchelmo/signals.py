@@ -1,5 +1,5 @@
 """Ctrl-C (SIGINT) and SIGTERM that always stop a run, and never inside a library call that
-would swallow them.
+would swallow them; and, once a command's result is complete, never undo it.
 
 A KeyboardInterrupt raised while h5py is inside its C code (closing an object, flushing) is
 printed as "Exception ignored" and lost: the run goes on to finish as if nothing happened. Within
@@ -52,3 +52,30 @@ class Interrupts:
             if not self._depth and self.pending is not None:
                 self.pending = None
                 raise KeyboardInterrupt
+
+
+# Once a command's result is complete (its output renamed into place), a signal can no longer
+# undo it: the command says so here, and the command line then reports success whatever arrives.
+_work_done = False
+
+
+def mark_done() -> None:
+    """The running command's result is complete: a Ctrl-C or SIGTERM from now on changes nothing."""
+    global _work_done
+    _work_done = True
+
+
+def work_done() -> bool:
+    return _work_done
+
+
+def reset() -> None:
+    """A new command starts (the command line calls this)."""
+    global _work_done
+    _work_done = False
+
+
+def ignore_from_now() -> None:
+    """Ignore SIGINT and SIGTERM for the rest of the process: its exit status is decided."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

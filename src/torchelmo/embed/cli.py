@@ -18,7 +18,7 @@ from ..runtime import (
     show_progress,
     show_summary,
 )
-from ..signals import Interrupts
+from ..signals import Interrupts, mark_done
 from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from .hdf5 import embed_file, merge_shards, parse_shard
 
@@ -141,6 +141,7 @@ def run(args) -> int:
                        errors=args.errors, shard=shard, sentence_index=not args.no_sentence_index,
                        progress=show_progress(args), model_name=model_name(args),
                        keys="sentence" if args.use_sentence_keys else "index")
+        mark_done()   # OUTPUT is complete and in place
     if show_summary(args):
         rate = s.tokens / max(s.seconds, 1e-9)
         print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "
@@ -150,6 +151,7 @@ def run(args) -> int:
 
 def run_merge(args) -> int:
     out = merge_shards(args.shards, args.output, link=args.link)
+    mark_done()
     print(f"elmo embed-merge: {len(args.shards)} shards -> {out}", file=sys.stderr)
     return 0
 
