@@ -55,7 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, nargs="+", default=[5000, 50000])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=str(ROOT / "results" / "embed_memory.json"))
+    ap.add_argument("--json", help="also write the figures here (results/embed_memory.json holds the "
+                                    "documented run)")
     args = ap.parse_args()
     sentences = [" ".join(s.tokens) for s in read_conllu(UD)]
     rows = []
@@ -70,9 +71,10 @@ def main() -> None:
             out.unlink()
     result = {"command": "elmo embed INPUT OUT --top (default model)", "threads": args.threads,
               "input": "UD English EWT train, cycled", "runs": rows}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
