@@ -10,7 +10,15 @@ launches (grid axis 2 is the direction)::
     step t, kernel 2:  h_t = clip(g_t W_p)             (matmul; clip and masking in the epilogue)
 
 Rows whose length is <= t keep their state and output zeros, so a batch needs no sorting and the
-time loop has no host synchronisation. The backward pass mirrors it (two kernels per step, from
+time loop has no host synchronisation.
+
+Dimensions (the letters of every shape below; buffers are contiguous, direction-major)::
+
+    2   the directions (grid axis 2: d = 0 forward, 1 backward)
+    T   time steps            B   rows (sentences)
+    D   LSTM units            G = 4D   the gates i, j, f, o side by side
+    P   projection (state) size
+    BM, BD, BN, BK   a program's rows, units, output columns and reduction step The backward pass mirrors it (two kernels per step, from
 the last step down); the weight gradients are then two large matmuls over all steps.
 
 Precision (:mod:`torchelmo.precision`): ``fp32`` computes every product in IEEE fp32; ``tf32`` lets the
@@ -40,7 +48,10 @@ try:
 except ImportError:   # the CPU install has no Triton; the CUDA builds of PyTorch bring it
     triton = None
 
-_PREC_CODE = {"fp32": 0, "tf32": 1, "bf16": 2}
+# The matmul arithmetic of a launch (the kernels' PREC): IEEE fp32, TF32 tensor cores, bf16
+# operands with fp32 accumulation, or float64 (gradient checks).
+FP32, TF32, BF16, FP64 = 0, 1, 2, 3
+_PREC_CODE = {"fp32": FP32, "tf32": TF32, "bf16": BF16}
 
 
 def available() -> bool:
@@ -62,6 +73,8 @@ if triton is not None:
 
     @triton.jit
     def _mma(a, b, acc, PREC: tl.constexpr, EMULATE_BF16: tl.constexpr):
+        """``acc + a @ b`` in the launch's arithmetic: PREC 0 IEEE fp32, 1 TF32, 2 bf16 operands
+        (fp32 accumulation), 3 float64 (module constants FP32, TF32, BF16, FP64)."""
         if PREC == 3:   # float64, for gradient checks: plain products, no tensor cores needed
             return acc + tl.sum(a[:, :, None] * b[None, :, :], axis=1)
         if PREC == 2:
@@ -94,7 +107,14 @@ if triton is not None:
     def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cell_clip,
                    CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
-        """z = xw_t + h W_h for rows [BM block] x units [BD block], all four gates; then the cell."""
+        """z = xw_t + h W_h for rows [BM block] x units [BD block], all four gates; then the cell.
+
+        xw (2, T, B, G) input products; h (2, B, P) state read; w_h (2, P, G); c (2, B, D) cell,
+        updated in place for running rows; g (2, [T,] B, D) o * tanh(c) out (``g_dir``, ``g_t``:
+        its direction and step strides, ``g_t`` 0 when one buffer serves every step); with SAVE,
+        gates (2, T, B, G) and c_pre (2, T, B, D) for the backward pass; lengths (B,) int32.
+        """
+        tl.static_assert(BM >= 16 and BD >= 16 and BK >= 16)   # tl.dot's smallest tiles
         d, rm, ru, m_ok, u_ok, mu = _tile(B, D, BM, BD)
         G = 4 * D
         acc_i = tl.zeros((BM, BD), xw.dtype.element_ty)
@@ -137,7 +157,13 @@ if triton is not None:
     def _proj_fwd(g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, proj_clip,
                   CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                   EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """h_t = clip(g_t W_p): the new state of running rows, and the step's output."""
+        """h_t = clip(g_t W_p): the new state of running rows, and the step's output.
+
+        g (2, [T,] B, D) as the gate kernel wrote it; w_p (2, D, P); h (2, B, P) state, updated
+        in place for running rows; out (2, T, B, P) zeros past each row's length; with SAVE,
+        h_pre (2, T, B, P) the unclipped projection.
+        """
+        tl.static_assert(BM >= 16 and BN >= 16 and BK >= 16)
         d, rm, rn, m_ok, n_ok, mn = _tile(B, P, BM, BN)
         acc = tl.zeros((BM, BN), g.dtype.element_ty)
         for k0 in range(0, D, BK):
@@ -163,7 +189,14 @@ if triton is not None:
                    CLIP_C: tl.constexpr, CLIP_P: tl.constexpr, CLIP_PREV: tl.constexpr,
                    PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                    BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
-        """Step t backward to the gates: dg = dh_pre W_p^T, then dz (= d xw_t) and dc_{t-1}."""
+        """Step t backward to the gates: dg = dh_pre W_p^T, then dz (= d xw_t) and dc_{t-1}.
+
+        dh (2, B, P) gradient of the state h_t; dout (2, T, B, P) of the outputs; h_pre, gates,
+        c_pre as the forward saved them; c_prev (2, [T,] B, D) the cell before step t
+        (``c_prev_dir``: its direction stride); dc (2, B, D) gradient of c_t in, of c_{t-1} out;
+        dz (2, T, B, G) out; dh_pre (2, T, B, P) out (the projection's input gradient).
+        """
+        tl.static_assert(BM >= 16 and BD >= 16 and BK >= 16)
         d, rm, ru, m_ok, u_ok, mu = _tile(B, D, BM, BD)
         active = _running(lengths, rm, m_ok, t)
         row = (d * T + t) * B + rm[:, None]
@@ -213,7 +246,11 @@ if triton is not None:
     def _rec_bwd(dz, w_h, dh, lengths, t, T, B, D, P,
                  PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """dh_{t-1} = dz_t W_h^T for running rows; finished rows pass their gradient through."""
+        """dh_{t-1} = dz_t W_h^T for running rows; finished rows pass their gradient through.
+
+        dz (2, T, B, G); w_h (2, P, G); dh (2, B, P) updated in place.
+        """
+        tl.static_assert(BM >= 16 and BN >= 16 and BK >= 16)
         d, rm, rn, m_ok, n_ok, mn = _tile(B, P, BM, BN)
         G = 4 * D
         row = (d * T + t) * B + rm[:, None]
@@ -290,7 +327,7 @@ def _sm_count(device: torch.device) -> int:
 def _flags(precision: str, dtype: torch.dtype) -> dict:
     # float64 (gradient checks) has no reduced-precision form. Multiply-adds contract to FMA, as
     # Triton's default has been: named here so the numbers stay when that default changes.
-    prec = 3 if dtype == torch.float64 else _PREC_CODE[precision]
+    prec = FP64 if dtype == torch.float64 else _PREC_CODE[precision]
     return dict(PREC=prec, EMULATE_BF16=interpreted(), enable_fp_fusion=True)
 
 
