@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .bilm import BiLM
-from .chars import batch_to_ids
+from .chars import batch_to_ids, sentence_lengths
 from .errors import ElmoError
 from .mix import Elmo as _Elmo
 from .runtime import resolve_cuda_device
@@ -51,6 +51,7 @@ class Elmo(_Elmo):
                  vocab_to_cache: Sequence[str] | None = None, keep_sentence_boundaries: bool = False,
                  scalar_mix_parameters: Sequence[float] | None = None, module: BiLM | None = None,
                  *, stateful: bool = True) -> None:
+        _Elmo.check_num_outputs(num_output_representations)   # before any file is read
         if module is not None:
             if options_file is not None or weight_file is not None:
                 raise ElmoError("Elmo: give either module or options_file/weight_file, not both")
@@ -105,6 +106,7 @@ class ElmoEmbedder:
 
     def embed_batch(self, batch: list[list[str]]) -> list[np.ndarray]:
         """One array per sentence of ``batch``, run as one batch (an empty sentence: ``(L, 0, 2P)``)."""
+        sentence_lengths(batch, "ElmoEmbedder", allow_empty=True)   # None, a str: one-line errors
         if all(len(s) == 0 for s in batch):          # nothing to run; the carried state is kept
             return [self._empty() for _ in batch]
         acts, mask = self.batch_to_embeddings(batch)
@@ -116,6 +118,9 @@ class ElmoEmbedder:
     def embed_sentences(self, sentences: Iterable[list[str]],
                         batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[np.ndarray]:
         """A generator of arrays, in order, running ``batch_size`` sentences at a time."""
+        if sentences is None or isinstance(sentences, (str, bytes)):
+            raise ElmoError(f"ElmoEmbedder.embed_sentences: expected an iterable of sentences (lists of "
+                            f"tokens), got {type(sentences).__name__}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ElmoError(f"batch_size must be a positive integer, got {batch_size!r}")
         batch: list[list[str]] = []
@@ -160,9 +165,18 @@ class _input_path:
         if isinstance(name, str) and Path(name).is_file() and self.file.tell() == 0:
             return name
         self.tmp = tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False)
-        with self.tmp:
-            for line in self.file:
-                self.tmp.write(line if isinstance(line, str) else line.decode("utf-8"))
+        n = 1
+        try:
+            with self.tmp:
+                for line in self.file:
+                    self.tmp.write(line if isinstance(line, str) else line.decode("utf-8"))
+                    n += 1
+        except BaseException as e:   # __exit__ will not run: the copy goes here
+            Path(self.tmp.name).unlink(missing_ok=True)
+            if isinstance(e, UnicodeDecodeError):
+                raise ElmoError(f"{name if isinstance(name, str) else 'input_file'}: not UTF-8 text near "
+                                f"line {n} ({e.reason})") from None
+            raise
         return self.tmp.name
 
     def __exit__(self, *exc) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import ElmoError
+from .fileio import check_destination, check_path_name
 from .lm import LanguageModel
 from .train.checkpoint import load_lm
 
@@ -66,8 +67,10 @@ def average(sources: Sequence[str | Path], weights: Sequence[float] | None = Non
 
 def _run_average(args) -> int:
     sources = list(args.models)
+    check_path_name(args.output)
     if Path(args.output).exists() and not Path(args.output).is_dir():   # checked before the work
         raise ElmoError(f"{args.output}: is a file; -o names the LM directory to write")
+    check_destination(args.output, directory=True)   # a read-only or forbidden place: before the work too
     lm = average(sources, args.weights)
     info = {"sources": [str(s) for s in sources], "n": len(sources)}
     if args.weights is not None:

@@ -367,9 +367,11 @@ class BiLM(nn.Module):
         (the model shipped in the package), a directory in the native or the published layout, or
         a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""
         name = str(name_or_path)
+        registry.check_model_name(name)
         path = registry.default_model_dir() if name == "default" else Path(name)
         if path.is_dir():
             if (path / weights.CONFIG_NAME).is_file():
+                weights.require_native_weights(path)   # before the model is allocated
                 model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
                 weights.load_native(model, path)
                 return model.eval()

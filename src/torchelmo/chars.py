@@ -46,6 +46,26 @@ def word_to_char_ids(word: str) -> tuple[int, ...]:
     return _token(list(word.encode("utf-8", errors="surrogatepass")))
 
 
+def sentence_lengths(sentences: Sequence[Sequence[str]], who: str, allow_empty: bool = False) -> list[int]:
+    """The lengths of a batch of tokenised sentences; anything else (a string, ``None``, a batch
+    holding one) is an :class:`ElmoError` naming ``who`` and the sentence. The tokens themselves
+    are checked where they are read."""
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        raise ElmoError(f"{who}: expected a list of sentences (lists of tokens), got {type(sentences).__name__}")
+    if len(sentences) == 0 and not allow_empty:
+        raise ElmoError(f"{who}: empty batch (no sentences)")
+    lengths = []
+    for i, s in enumerate(sentences):
+        if isinstance(s, (str, bytes)):
+            raise ElmoError(f"{who}: sentence {i} is a {type(s).__name__}, expected a list of tokens "
+                            "(split it first, e.g. line.split())")
+        try:
+            lengths.append(len(s))
+        except TypeError:
+            raise ElmoError(f"{who}: sentence {i} is {type(s).__name__}, expected a list of tokens") from None
+    return lengths
+
+
 def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     """Character ids of a batch of tokenised sentences.
 
@@ -57,16 +77,7 @@ def batch_to_ids(sentences: Sequence[Sequence[str]]) -> torch.Tensor:
     -------
     LongTensor of shape ``(B, T, 50)``, T the longest sentence; padded positions are all 0.
     """
-    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
-        raise ElmoError("batch_to_ids: expected a list of sentences (lists of tokens)")
-    if len(sentences) == 0:
-        raise ElmoError("batch_to_ids: empty batch (no sentences)")
-    lengths = []
-    for i, s in enumerate(sentences):
-        if isinstance(s, str):
-            raise ElmoError(f"batch_to_ids: sentence {i} is a str, expected a list of tokens "
-                            "(split it first, e.g. line.split())")
-        lengths.append(len(s))
+    lengths = sentence_lengths(sentences, "batch_to_ids")
     T = max(lengths)
     out = np.zeros((len(sentences), T, MAX_CHARS), np.int64)
     if T:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .chars import MAX_CHARS
 from .errors import ElmoError
+from .fileio import check_path_name
 from .text import read_lines
 
 MAX_TOKEN_BYTES = MAX_CHARS - 2  # longer tokens are truncated in their character ids
@@ -31,6 +32,7 @@ def expand_files(patterns: Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for pat in patterns:
         s = os.path.expanduser(str(pat))
+        check_path_name(s)
         matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
         files = [Path(m) for m in matches if Path(m).is_file()]
         if not files:

@@ -116,6 +116,57 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
+NAME_MAX = 255     # bytes in one component of a path (Linux, macOS, Windows: 255)
+PATH_MAX = 4096    # bytes in a whole path (Linux)
+
+
+def check_path_name(name: str | Path, what: str = "") -> None:
+    """A one-line error for a name no file can have, before the first ``stat`` of it raises
+    ``OSError`` (``ENAMETOOLONG``) or ``ValueError`` (a NUL byte): a component over 255 bytes, or
+    a whole path of 4,096 bytes or more. ``what`` prefixes the reason (``"model name"``)."""
+    text = str(name)
+    shown = text if len(text) <= 80 else f"{text[:40]}...{text[-30:]} ({len(text):,} characters)"
+    prefix = f"{what}: " if what else ""
+    if "\0" in text:
+        raise ElmoError(f"{shown}: {prefix}holds a NUL character, which no file name can")
+    try:
+        raw = os.fsencode(text)
+    except UnicodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    longest = max((raw.replace(b"\\", b"/") if os.sep == "\\" else raw).split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise ElmoError(f"{shown}: {prefix}a path component of {len(longest):,} bytes, longer than the "
+                        f"{NAME_MAX} a file name can have")
+    if len(raw) >= PATH_MAX:
+        raise ElmoError(f"{shown}: {prefix}a path of {len(raw):,} bytes, longer than the {PATH_MAX - 1} "
+                        "a path can have")
+
+
+def check_destination(path: str | Path, directory: bool = False) -> None:
+    """Check, before any work, that ``path`` can be written: a file (or, ``directory``, a
+    directory) not in the way, and the nearest existing directory on its way writable. A one-line
+    :class:`ElmoError` naming ``path`` otherwise; nothing is created."""
+    check_path_name(path)
+    path = Path(path)
+    if path.is_dir() and not directory:
+        raise ElmoError(f"{path}: is a directory; give a file name to write")
+    if path.exists() and not path.is_dir() and directory:
+        raise ElmoError(f"{path}: is a file; give a directory to write")
+    place = path if path.is_dir() else path.parent
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if not place.is_dir():
+        raise write_error(path, OSError(errno.ENOTDIR, f"{place} is not a directory"))
+    try:
+        read_only = bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+    except (AttributeError, OSError):   # no statvfs (Windows)
+        read_only = False
+    if read_only:
+        raise write_error(path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise write_error(path, OSError(errno.EACCES, f"{os.strerror(errno.EACCES)} ({place})"))
+
+
 def write_error(path: str | Path, e: OSError, what: str = "cannot write") -> ElmoError:
     """The one-line error for a failed write (a full disk, a read-only directory)."""
     reason = e.strerror or str(e)
@@ -129,6 +180,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``,
     on any exception (KeyboardInterrupt included) it is removed. Checked before anything is
     computed: ``path`` is not a directory, and its directory is writable."""
+    check_path_name(path)
     path = Path(path)
     if path.is_dir():
         raise ElmoError(f"{path}: is a directory; give a file name to write")

@@ -31,7 +31,7 @@ from .config import ElmoConfig
 from .corpus import Corpus
 from .data import Batch, SentenceBatcher, StreamBatcher, sentences_batch
 from .errors import ElmoError
-from .registry import is_published
+from .registry import check_model_name, is_published
 from .softmax import (
     AdaptiveSoftmax,
     FullSoftmax,
@@ -41,7 +41,7 @@ from .softmax import (
     softmax_kind,
 )
 from .vocab import Vocabulary
-from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, VOCAB_NAME, load_native, save_native
+from .weights import CONFIG_NAME, EXTRA_CONFIG_NAME, VOCAB_NAME, load_native, require_native_weights, save_native
 
 DEFAULT_REGULARISATION = Regularisation(dropout=0.1)  # bilm-tf's
 LM_FORMAT = "elmo-lm-1"
@@ -230,6 +230,7 @@ class LanguageModel(nn.Module):
     @classmethod
     def _from_dir(cls, model_dir: Path, name: str, dropout: float | None) -> LanguageModel:
         meta = read_lm_meta(model_dir, name)
+        require_native_weights(model_dir)   # files first: the model is allocated last
         vocab = Vocabulary.from_file(model_dir / meta.get("vocab_file", VOCAB_NAME))
         config = ElmoConfig.from_json_file(model_dir / CONFIG_NAME)
         sm = softmax_from_config(meta["softmax"])
@@ -251,6 +252,7 @@ class LanguageModel(nn.Module):
         the bias lowered by ``log(n_new + 1)``, so the old model's ``<UNK>`` probability is shared
         out among the new tokens and the new ``<UNK>``.
         """
+        check_model_name(source)
         path = Path(str(source))
         if not path.is_dir() and hub.is_repo_id(str(source)):
             path = hub.resolve(str(source))   # an LM or a biLM on the Hub; its files are read once
@@ -285,6 +287,7 @@ def lm_dir(name_or_path: str | Path) -> Path:
     """The local directory of an LM: a directory as given (an existing one wins over a Hub id of
     the same spelling), or the cached snapshot of a Hub id; anything else is a one-line error."""
     name = str(name_or_path)
+    check_model_name(name)
     path = Path(name)
     if path.is_dir():
         return path

@@ -95,6 +95,7 @@ class Elmo(nn.Module):
             raise ElmoError(f"Elmo: the first argument is a BiLM, got {type(bilm).__name__}; for "
                             "Elmo(options_file, weight_file, ...) use torchelmo.allennlp.Elmo")
 
+        self.check_num_outputs(num_output_representations)
         self.bilm = bilm
         self.keep_sentence_boundaries = keep_sentence_boundaries
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
@@ -108,6 +109,13 @@ class Elmo(nn.Module):
         self.register_buffer("_vocab_char_ids", None, persistent=False)   # (V, 50): follows .to()
         if vocab_to_cache is not None:
             self.cache_vocab(vocab_to_cache)
+
+    @staticmethod
+    def check_num_outputs(n) -> None:
+        """``num_output_representations``: an integer, 0 or more (0: no mixes, as AllenNLP allows;
+        1.5, -1 and True are errors)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ElmoError(f"Elmo: num_output_representations must be a non-negative integer, got {n!r}")
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", *, stateful: bool = False, **kw) -> Elmo:
@@ -138,7 +146,8 @@ class Elmo(nn.Module):
                 word_inputs: torch.Tensor | None = None) -> dict:
         char_ids = self._char_ids(inputs, word_inputs)
         lead = char_ids.shape[:-2]
-        out = self.bilm(char_ids.reshape(-1, *char_ids.shape[-2:]), keep_sentence_boundaries=True)
+        # flatten, not reshape(-1, ...): a batch of empty sentences, (B, 0, 50), has no elements
+        out = self.bilm(char_ids.flatten(0, -3), keep_sentence_boundaries=True)
         mask = out.mask
         reps = [mix(out.layers, mask) for mix in self.scalar_mixes]
         if not self.keep_sentence_boundaries:

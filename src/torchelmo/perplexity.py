@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 from .corpus import expand_files
-from .fileio import atomic_path
+from .fileio import atomic_path, check_destination
 from .lm import PERPLEXITY_MODES, LanguageModel
 from .runtime import add_device_args, apply_device_args
 
 
 def _run_perplexity(args) -> int:
+    if args.json:
+        check_destination(args.json)   # before the model loads and the text is scored
     device = apply_device_args(args)
     lm = LanguageModel.from_pretrained(args.model).to(device)
     files = expand_files(args.files)

@@ -9,6 +9,7 @@ from pathlib import Path
 from .config import ElmoConfig
 from .download import cached_path
 from .errors import ElmoError
+from .fileio import check_path_name
 from .weights import CONFIG_NAME
 
 _S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
@@ -43,6 +44,12 @@ def accepted_names() -> str:
     published = [f"{n} ({alias_of[n]})" if n in alias_of else n for n in REGISTRY]
     return ("'default' (the embedded model), published models " + ", ".join(published)
             + ", a model directory, or a Hugging Face Hub id owner/name[@revision]")
+
+
+def check_model_name(name: str | Path) -> None:
+    """A one-line error for a model name that no directory can have (a path component over 255
+    bytes, a NUL character), before the first look at the file system raises ``OSError``."""
+    check_path_name(name)
 
 
 def default_model_dir() -> Path:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ElmoError
+from .fileio import check_path_name
 
 BOM = b"\xef\xbb\xbf"
 
@@ -108,6 +109,7 @@ def read_sentences(paths: Sequence[str | Path], what: str = "corpus file") -> It
 
 def count_lines(path: str | Path) -> int | None:
     """Number of lines of a regular file (a final line without newline counts), or None."""
+    check_path_name(path)
     if str(path) == "-" or not Path(path).is_file():
         return None
     n, last = 0, b"\n"

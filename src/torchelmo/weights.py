@@ -27,7 +27,7 @@ import torch
 from .config import ElmoConfig
 from .download import cache_dir, cached_path  # noqa: F401  (part of this module's API)
 from .errors import ElmoError
-from .fileio import atomic_path
+from .fileio import atomic_path, write_error
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -158,7 +158,10 @@ def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(out_dir, e) from None
     tensors = {k: v.detach().cpu().contiguous() for k, v in bilm.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = v.detach().cpu().contiguous()
@@ -173,6 +176,15 @@ def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor
         with atomic_path(out_dir / EXTRA_CONFIG_NAME) as tmp:
             tmp.write_text(json.dumps(extra_config, indent=2) + "\n")
     return out_dir
+
+
+def require_native_weights(model_dir: str | Path) -> None:
+    """Check that a native model directory holds its weights file, before a model of its config
+    is allocated (a config within the size bounds can still ask for gigabytes)."""
+    path = Path(model_dir) / WEIGHTS_NAME
+    if not path.is_file():
+        raise ElmoError(f"{path}: missing (a native model is {CONFIG_NAME} + {WEIGHTS_NAME}); "
+                        "nothing was loaded")
 
 
 def load_native_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:

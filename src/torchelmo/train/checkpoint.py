@@ -30,7 +30,7 @@ import torch
 from .. import hub
 from ..config import ElmoConfig
 from ..errors import ElmoError
-from ..fileio import GuardedWriter, atomic_path, write_error
+from ..fileio import GuardedWriter, atomic_path, check_path_name, write_error
 from ..lm import LanguageModel
 from ..vocab import Vocabulary
 from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
@@ -219,6 +219,7 @@ def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = 
 def load_lm(source: str | Path) -> LanguageModel:
     """An LM from an LM directory (``save_pretrained``), a training checkpoint file or a Hugging
     Face Hub id (a local directory or file of that name wins)."""
+    check_path_name(source)
     path = Path(source)
     if path.is_dir() or (not path.exists() and hub.is_repo_id(str(source))):
         return LanguageModel.from_pretrained(source)

@@ -13,6 +13,7 @@ from typing import Any
 from ..bilm import Regularisation
 from ..config import ElmoConfig, preset
 from ..errors import ElmoError
+from ..fileio import check_path_name
 from ..precision import CHOICES as PRECISION_CHOICES
 from ..softmax import KINDS as SOFTMAX_KINDS
 
@@ -98,6 +99,7 @@ class TrainConfig:
             return ElmoError(f"train config: {msg}")
 
         _check_types(self)
+        check_path_name(self.out_dir)
         if Path(self.out_dir).exists() and not Path(self.out_dir).is_dir():
             raise bad(f"out_dir {self.out_dir} is a file; the run directory must be a directory")
         if not self.train:
