@@ -208,28 +208,39 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
         raise
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
-def _locked_temporary(path: Path) -> tuple[int, Path]:
-    """A new temporary file beside ``path``, open and locked. A sweep may have taken the lock of a
-    file just created (between its creation and its locking) and removed it: then another."""
+def _locked_temporary(path: Path) -> tuple[int | None, Path]:
+    """A new temporary file beside ``path``, open and locked (where locks are unavailable: closed,
+    and None for the descriptor, so that nothing holds it open). A sweep may have taken the lock of
+    a file just created, between its creation and its locking: then another file is made, and
+    this one removed if the sweep did not remove it."""
     for _ in range(100):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp",
                                    dir=path.parent)
         locked = lock_file(fd)
+        if locked is None:
+            os.close(fd)
+            return None, Path(tmp)
         try:
-            if locked is None or (locked and os.path.samestat(os.fstat(fd), os.stat(tmp))):
+            ours = os.path.samestat(os.fstat(fd), os.stat(tmp))
+            if locked and ours:
                 return fd, Path(tmp)
+            if ours:
+                os.unlink(tmp)
         except FileNotFoundError:
             pass
         os.close(fd)
     raise OSError(errno.EAGAIN, "cannot create and lock a temporary file beside it")
 
 
-def _relock(tmp_path: Path, fd: int) -> int:
+def _relock(tmp_path: Path, fd: int | None) -> int | None:
     """The lock again, on the file now at ``tmp_path``, if a writer replaced the file (safetensors
     writes its own and renames it over the temporary one): the lock must cover what is renamed."""
+    if fd is None:
+        return None
     try:
         if os.path.samestat(os.fstat(fd), os.stat(tmp_path)):
             return fd
