@@ -1,4 +1,4 @@
-"""Reliability, round two (issue 29): downloads checked as the caller loads them, with a deadline
+"""Reliability, round two: downloads checked as the caller loads them, with a deadline
 and a size limit; the stale-temp sweep judged by the writer's lock; the tracebacks that were
 left; messages and documented figures. The server, the tiny published model and the helpers are
 those of ``test_reliability.py``.
