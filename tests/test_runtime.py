@@ -232,3 +232,22 @@ def test_a_signal_after_the_output_is_complete_changes_nothing(tmp_path, monkeyp
     monkeypatch.setattr(embed_cli, "embed_file", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM) or 1 / 0)
     assert main(["embed", str(src), str(tmp_path / "p.hdf5"), "--top", "--threads", "1"]) == 130
     assert not (tmp_path / "p.hdf5").exists()
+
+
+def test_sigterm_while_embed_loads_its_model_is_one_line(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    import torchelmo.embed.cli as embed_cli
+    real = embed_cli.load_model
+
+    def load_then_signal(*a, **k):
+        model = real(*a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)   # arrives while the model loads
+        return model
+    monkeypatch.setattr(embed_cli, "load_model", load_then_signal)
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n")
+    assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top", "--threads", "1"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["elmo embed: interrupted"]
+    assert not (tmp_path / "o.hdf5").exists()

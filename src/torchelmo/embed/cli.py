@@ -129,7 +129,8 @@ def run(args) -> int:
     _allennlp_device(args)
     device = apply_device_args(args)
     shard = parse_shard(args.shard) if args.shard else None
-    model = load_model(args, stateful=args.stateful)
+    with Interrupts():   # from the model's load on: SIGTERM ends in one line, as Ctrl-C does
+        model = load_model(args, stateful=args.stateful)
     model = model.to(device)
     model.precision = args.precision
     model.backend = args.backend
