@@ -67,9 +67,10 @@ def test_same_numbers_as_native_api(exported, layer_norm, keep, stateful):
     native = NativeElmo(BiLM.from_published(opts, weights, stateful=stateful), 2, **kw)
     torch.manual_seed(1)
     for a, b in zip(ours.scalar_mixes, native.scalar_mixes):     # the same learned mixes
+        for p, x in zip(a.scalar_parameters, torch.randn(3)):      # AllenNLP's layout: (1,) each
+            p.data[0] = x
         with torch.no_grad():
-            a.scalar_parameters.copy_(torch.randn(3))
-            b.scalar_parameters.copy_(a.scalar_parameters)
+            b.scalar_parameters.copy_(torch.cat(list(a.scalar_parameters)))   # torchelmo's: one (L,)
     with torch.no_grad():
         for _ in range(2):                                         # a second batch: carried state
             x, y = ours(batch_to_ids(SENTS)), native(SENTS)
@@ -134,7 +135,7 @@ def test_elmo_arguments(exported, fixture_files):
     assert not any(p.requires_grad for p in bilm.parameters())
     assert all(p.requires_grad for p in Elmo(opts, weights, 1, requires_grad=True).bilm.parameters())
     fixed = Elmo(opts, weights, 1, scalar_mix_parameters=[1.0, 2.0, 3.0])
-    assert not fixed.scalar_mixes[0].scalar_parameters.requires_grad
+    assert all(not p.requires_grad for p in fixed.scalar_mixes[0].scalar_parameters)
     with pytest.raises(ElmoError, match="not both"):
         Elmo(opts, weights, 1, module=bilm)
     with pytest.raises(ElmoError, match="are required"):

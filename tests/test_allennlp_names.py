@@ -240,14 +240,15 @@ def test_scalar_mix_has_allennlps_layout():
     torch.testing.assert_close(mix(tensors), 0.5 * (w[0] * tensors[0] + w[1] * tensors[1] + w[2] * tensors[2]))
     mix(tensors).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mix.scalar_parameters)
-    # Also readable as torchelmo's (L,) vector.
+    # torchelmo.ScalarMix's methods, on the module.
     assert mix.weights() == pytest.approx(w.tolist()) and mix.gamma_value() == 0.5
-    torch.testing.assert_close(torch.softmax(mix.scalar_parameters, 0), w)
-    mix.scalar_parameters.copy_(torch.tensor([1.0, -1.0, 0.5]))
-    assert mix.scalar_parameters.tolist() == [1.0, -1.0, 0.5] and mix.scalar_parameters[2].item() == 0.5
+    torch.testing.assert_close(torch.softmax(torch.cat(list(mix.scalar_parameters)), 0), w)
+    for p, x in zip(mix.scalar_parameters, [1.0, -1.0, 0.5]):
+        p.data[0] = x
+    assert [float(p) for p in mix.scalar_parameters] == [1.0, -1.0, 0.5] and mix.scalar_parameters[2].item() == 0.5
     assert float(mix.l2_penalty(0.01)) == pytest.approx(0.01 * 2.25)
     fixed = ScalarMix(3, initial_scalar_parameters=[1, 2, 3], trainable=False)
-    assert not fixed.scalar_parameters.requires_grad and not fixed.gamma.requires_grad
+    assert all(not p.requires_grad for p in fixed.scalar_parameters) and not fixed.gamma.requires_grad
     assert [float(p) for p in fixed.scalar_parameters] == [1.0, 2.0, 3.0]
     # Layer norm: each tensor by the mean and variance of its elements at the masked positions.
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
@@ -297,7 +298,7 @@ def test_token_embedder(files, monkeypatch):
     projected = ElmoTokenEmbedder(*files, dropout=0.0, projection_dim=7, stateful=False,
                                   scalar_mix_parameters=TOP_ONLY)
     assert projected.get_output_dim() == 7 and isinstance(projected._projection, nn.Linear)
-    assert not projected._elmo.scalar_mix_0.scalar_parameters.requires_grad
+    assert all(not p.requires_grad for p in projected._elmo.scalar_mix_0.scalar_parameters)
     with torch.no_grad():
         out = projected(ids)
         top = BiLM.from_published(*files)(ids).layers[2]
@@ -422,7 +423,8 @@ def test_allennlp_state_dict_round_trip(files):
         for p in source.bilm.parameters():
             p.add_(torch.randn_like(p) * 0.05)                 # not the file's weights
         for mix in source.scalar_mixes:
-            mix.scalar_parameters.copy_(torch.randn(3))
+            for p, x in zip(mix.scalar_parameters, torch.randn(3)):
+                p.data[0] = x
             mix.gamma.fill_(float(torch.rand(1)) + 0.5)
     sd = source.allennlp_state_dict()
     assert len(sd) == 17 + 16 + 2 * 4
@@ -435,7 +437,8 @@ def test_allennlp_state_dict_round_trip(files):
         for a, b in zip(source(ids)["elmo_representations"], target(ids)["elmo_representations"]):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     for a, b in zip(source.scalar_mixes, target.scalar_mixes):               # the learned mixes, exactly
-        assert a.scalar_parameters.tolist() == b.scalar_parameters.tolist() and a.gamma_value() == b.gamma_value()
+        assert [float(p) for p in a.scalar_parameters] == [float(p) for p in b.scalar_parameters]
+        assert a.gamma_value() == b.gamma_value()
     ours, theirs = source.state_dict(), target.state_dict()
     for k in ours:
         torch.testing.assert_close(ours[k], theirs[k], atol=1e-7, rtol=0)
@@ -503,7 +506,7 @@ def test_loading_keeps_caches_and_older_layouts_right(files):
     assert "scalar_mixes.0.scalar_parameters" in old
     dropin = Elmo(*files, 1, dropout=0.0, stateful=False)
     dropin.load_state_dict(old)
-    assert dropin.scalar_mix_0.scalar_parameters.tolist() == pytest.approx([0.3, -0.2, 0.9])
+    assert [float(p) for p in dropin.scalar_mix_0.scalar_parameters] == pytest.approx([0.3, -0.2, 0.9])
     assert dropin.scalar_mix_0.gamma_value() == 1.5
 
 
