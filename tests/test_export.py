@@ -173,3 +173,13 @@ def test_export_writes_out_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
     # And a good export replaces OUT whole.
     assert export(bilm, out) <= 1e-5
     assert out.read_bytes() != b"the previous export" and not leftovers()
+
+
+def test_onnx_without_the_export_extra_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    import torchelmo.export as E
+    monkeypatch.setattr(E, "_has", lambda module: module != "onnx")
+    monkeypatch.setattr(E.BiLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded the model first"))
+    assert main(["export", "default", str(tmp_path / "m.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'torchelmo[export]'" in err
+    assert not list(tmp_path.iterdir())

@@ -270,6 +270,8 @@ def export(model: BiLM | str | Path, out: str | Path, format: str | None = None,
     fmt = format_for(out, format)
     if fmt == "onnx" and not MIN_OPSET <= opset <= MAX_OPSET:
         raise ElmoError(f"export: ONNX opset {opset} is not supported (use {MIN_OPSET} to {MAX_OPSET})")
+    if fmt == "onnx" and not _has("onnx"):   # before any work, not a traceback at the end
+        raise ElmoError("export: writing ONNX needs the onnx package: pip install 'torchelmo[export]'")
     with atomic_path(out) as tmp:
         bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)
         if device is not None:
