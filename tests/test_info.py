@@ -7,7 +7,7 @@ import re
 from conftest import ROOT
 from torchelmo import BiLM
 from torchelmo.cli import main
-from torchelmo.info import DEFAULT_MODEL_FACTS, default_model_line
+from torchelmo.commands.info import DEFAULT_MODEL_FACTS, default_model_line
 from torchelmo.registry import ALIASES, REGISTRY
 
 

@@ -392,7 +392,7 @@ def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):
 
 def test_cli_cache_folder_and_required_out(tmp_path, monkeypatch, capsys):
     from torchelmo.cli import main
-    from torchelmo.probe.cli import default_cache_dir
+    from torchelmo.commands.probe import default_cache_dir
     model_dir = tmp_path / "model"
     tiny_deep_model(5).save_pretrained(model_dir)
     cache, out = tmp_path / "env-cache", tmp_path / "out"

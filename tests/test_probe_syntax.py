@@ -279,7 +279,7 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
 
 def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_path, capsys):
     from torchelmo.cli import main
-    from torchelmo.probe.cli import DATA_LAYOUT
+    from torchelmo.commands.probe import DATA_LAYOUT
     data = tmp_path / "data"
     for path, (n, seed) in zip(DATA_LAYOUT["pos"], ((30, 0), (8, 1), (8, 2))):
         (data / path).parent.mkdir(parents=True, exist_ok=True)

@@ -216,7 +216,7 @@ def test_a_signal_after_the_output_is_complete_changes_nothing(tmp_path, monkeyp
     import os
     import signal
 
-    import torchelmo.embed.cli as embed_cli
+    import torchelmo.commands.embed as embed_cli
     real = embed_cli.mark_done
 
     def done_then_signal():
@@ -238,7 +238,7 @@ def test_sigterm_while_embed_loads_its_model_is_one_line(tmp_path, monkeypatch, 
     import os
     import signal
 
-    import torchelmo.embed.cli as embed_cli
+    import torchelmo.commands.embed as embed_cli
     real = embed_cli.load_model
 
     def load_then_signal(*a, **k):

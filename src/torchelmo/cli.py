@@ -1,7 +1,8 @@
 """The ``elmo`` command line: one subcommand per pipeline, each a thin layer over the library.
 
-Each command module exposes ``add_subcommand(subparsers)``, which registers its parser and sets
-``func`` (taking the parsed args, returning an exit code).
+Every command lives in :mod:`torchelmo.commands`, a module each, exposing
+``add_subcommand(subparsers)``, which registers its parser and sets ``func`` (taking the parsed
+args, returning an exit code).
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ from .signals import Interrupts
 def command_modules() -> list:
     """The command modules, in the order `elmo --help` lists them. Imported here, not at the top:
     they load torch, and a Ctrl-C during that is then inside :func:`main`'s handling."""
-    from . import average, export, info, perplexity, vocab
-    from .embed import cli as embed_cli
-    from .probe import cli as probe_cli
-    from .train import cli as train_cli
-    return [info, vocab, train_cli, perplexity, average, probe_cli, embed_cli, export]
+    from .commands import average, embed, export, info, perplexity, probe, train, vocab
+    return [info, vocab, train, perplexity, average, probe, embed, export]
 
 
 def build_parser() -> argparse.ArgumentParser:

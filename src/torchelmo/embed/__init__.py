@@ -5,7 +5,7 @@
   :func:`embed_batch` (one batch as given);
 * :mod:`torchelmo.embed.hdf5`: :func:`iter_embed_file`, :func:`embed_file` (AllenNLP's ``elmo`` HDF5
   layout, described there), sharding and :func:`merge_shards`;
-* :mod:`torchelmo.embed.cli`: the ``elmo embed`` and ``elmo embed-merge`` commands.
+* the ``elmo embed`` and ``elmo embed-merge`` commands are :mod:`torchelmo.commands.embed`.
 """
 
 from ..text import count_lines

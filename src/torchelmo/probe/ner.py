@@ -8,7 +8,7 @@ a linear layer, token-level softmax; no CRF) is trained on different frozen inpu
 * ``static``: SVD-PPMI word vectors trained by :func:`train_static_embeddings` on the same text as
   the biLM (lower-cased; out-of-vocabulary tokens get a zero vector, which is the point: WNUT-17's
   entities are new words),
-* and the controls of :mod:`torchelmo.probe.cli` (the same biLM with random weights).
+* and the controls of :mod:`torchelmo.commands.probe` (the same biLM with random weights).
 
 Early stopping on dev entity F1; test entity-level F1 (exact span and type, conlleval-style BIO
 decoding) with a 95% bootstrap interval over test sentences.

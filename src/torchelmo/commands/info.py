@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from .bilm import BiLM
-from .precision import support_line
-from .registry import ALIASES, REGISTRY
+from ..bilm import BiLM
+from ..precision import support_line
+from ..registry import ALIASES, REGISTRY
 
 # The embedded default model, from its model card (default_model/MODEL_CARD.md: the training
 # shards) and results/default_model.json (validation perplexity); tests check both.

@@ -15,9 +15,9 @@ from ..errors import ElmoError
 from ..precision import CHOICES as PRECISION_CHOICES
 from ..precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
-from .checkpoint import resume_point
-from .config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
-from .trainer import train
+from ..train.checkpoint import resume_point
+from ..train.config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
+from ..train.trainer import train
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:

@@ -166,14 +166,14 @@ def default_cache_dir() -> Path:
 
 
 def _compare(args) -> int:
-    from .compare import compare, parse_run, write
+    from ..probe.compare import compare, parse_run, write
     path = write(compare([parse_run(r) for r in args.runs]), args.out)
     print(f"wrote {path}")
     return 0
 
 
 def _report_only(args) -> int:
-    from .report import load_results, render
+    from ..probe.report import load_results, render
     results = load_results(args.out / "results.json")
     if not results:
         raise ElmoError(f"{args.out / 'results.json'}: no results to report")
@@ -226,8 +226,8 @@ def _ud_defaults(args, d: Path | None) -> None:
 
 def _run(args, tasks: list[str]) -> int:
     from ..bilm import BiLM
-    from .features import model_fingerprint, random_like
-    from .report import load_results, render, write_results
+    from ..probe.features import model_fingerprint, random_like
+    from ..probe.report import load_results, render, write_results
 
     device = apply_device_args(args)
     cache = args.cache or default_cache_dir()
@@ -265,9 +265,9 @@ def _log(args):
 def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
     """The POS probe (:func:`~.pos.run_pos`) of each model on (train, dev, test) tagged sentences;
     features cached as ``{task}-{split}``."""
-    from .features import extract
-    from .pos import ProbeConfig, run_pos
-    from .report import summarize_pos
+    from ..probe.features import extract
+    from ..probe.pos import ProbeConfig, run_pos
+    from ..probe.report import summarize_pos
     cfg = ProbeConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
     out = {}
     for name, m in models.items():
@@ -280,7 +280,7 @@ def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
 
 
 def _pos(args, models, cache) -> dict:
-    from .conll import read_conllu
+    from ..probe.conll import read_conllu
     sets = [read_conllu(p, args.tagset, limit=n) for p, n in zip((args.train, args.dev, args.test),
                                                                  _limits(args.limit))]
     res = _tagging(args, models, cache, sets, "pos")
@@ -290,7 +290,7 @@ def _pos(args, models, cache) -> dict:
 
 
 def _pos_wsj(args, models, cache) -> dict:
-    from .treebank import SPLITS, read_treebank
+    from ..probe.treebank import SPLITS, read_treebank
     if args.treebank is None:
         if getattr(args, "data", None) is None:
             raise ElmoError("--treebank: give NLTK's treebank.zip, or --data for the one under it")
@@ -304,10 +304,10 @@ def _pos_wsj(args, models, cache) -> dict:
 
 
 def _deps(args, models, cache) -> dict:
-    from .conll import read_conllu_trees
-    from .deps import DepsConfig, run_deps
-    from .features import extract
-    from .report import summarize_deps
+    from ..probe.conll import read_conllu_trees
+    from ..probe.deps import DepsConfig, run_deps
+    from ..probe.features import extract
+    from ..probe.report import summarize_deps
     _ud_defaults(args, getattr(args, "data", None))
     sets = [read_conllu_trees(p, limit=n) for p, n in zip((args.train, args.dev, args.test), _limits(args.limit))]
     cfg = DepsConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
@@ -325,8 +325,8 @@ def _deps(args, models, cache) -> dict:
 
 
 def _coref(args, models, cache) -> dict:
-    from .coref import CorefConfig, probe_coref
-    from .report import summarize_coref
+    from ..probe.coref import CorefConfig, probe_coref
+    from ..probe.report import summarize_coref
     folder = args.litbank
     if folder is None:
         if getattr(args, "data", None) is None:
@@ -346,7 +346,7 @@ def _coref(args, models, cache) -> dict:
 
 
 def _tag(args, models, cache) -> dict:
-    from .conll import read_columns
+    from ..probe.conll import read_columns
     lim_tr, lim_dev, lim_te = _limits(args.limit)
 
     def read(path, n):
@@ -372,9 +372,9 @@ def _tag(args, models, cache) -> dict:
 
 
 def _wsd(args, models, cache) -> dict:
-    from .features import extract
-    from .report import summarize_wsd
-    from .wsd import read_raganato, read_sense_index, run_wsd
+    from ..probe.features import extract
+    from ..probe.report import summarize_wsd
+    from ..probe.wsd import read_raganato, read_sense_index, run_wsd
     semcor = read_raganato(args.semcor, args.semcor_key, limit=args.limit_semcor)
     test = read_raganato(args.eval)
     first = read_sense_index(args.sense_index)
@@ -395,10 +395,10 @@ def _wsd(args, models, cache) -> dict:
 
 
 def _ner(args, models, cache) -> dict:
-    from .conll import read_conll
-    from .features import extract
-    from .ner import TaggerConfig, run_ner, train_static_embeddings
-    from .report import summarize_ner
+    from ..probe.conll import read_conll
+    from ..probe.features import extract
+    from ..probe.ner import TaggerConfig, run_ner, train_static_embeddings
+    from ..probe.report import summarize_ner
     lim = args.ner_limit
     sets = [read_conll(p, limit=n) for p, n in
             ((args.ner_train, lim), (args.ner_dev, lim and max(1, lim // 3)),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from .corpus import expand_files
-from .fileio import atomic_path, check_destination
-from .lm import PERPLEXITY_MODES, LanguageModel
-from .runtime import add_device_args, apply_device_args
+from ..corpus import expand_files
+from ..fileio import atomic_path, check_destination
+from ..lm import PERPLEXITY_MODES, LanguageModel
+from ..runtime import add_device_args, apply_device_args
 
 
 def _run_perplexity(args) -> int:

@@ -7,6 +7,8 @@ import warnings
 
 from ..backend import BACKENDS
 from ..bilm import BiLM
+from ..embed.engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
+from ..embed.hdf5 import embed_file, merge_shards, parse_shard
 from ..errors import ElmoError
 from ..precision import CHOICES as PRECISION_CHOICES
 from ..precision import PRECISION_HELP
@@ -19,8 +21,6 @@ from ..runtime import (
     show_summary,
 )
 from ..signals import Interrupts, mark_done
-from .engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
-from .hdf5 import embed_file, merge_shards, parse_shard
 
 
 def add_subcommand(sub) -> None:
