@@ -91,3 +91,31 @@ def test_output_records_model_and_layers(tmp_path, model_args, allennlp_dir):
     with h5py.File(out, "r") as f:
         assert f.attrs["elmo_model"] == "default" and f.attrs["elmo_layers"] == "top"
         assert json.loads(f.attrs["elmo_model_options"])["lstm"]["projection_dim"] == 192
+
+
+def test_allennlp_mode_gives_the_drop_ins_numbers(tmp_path, model_args, allennlp_dir, capsys):
+    from torchelmo.allennlp import ElmoEmbedder
+    # 130 lines: three batches of AllenNLP's 64, so the carried state matters from line 64 on.
+    lines = [" ".join(f"w{(7 * i + j) % 23}" for j in range(1 + i % 9)) for i in range(130)]
+    rc, ours = _run(tmp_path, lines, model_args, "--allennlp", name="allennlp.hdf5")
+    assert rc == 0
+    ElmoEmbedder(allennlp_dir / "options.json", allennlp_dir / "lm_weights.hdf5").embed_file(
+        str(tmp_path / "in.txt"), tmp_path / "dropin.hdf5")
+    rc, plain = _run(tmp_path, lines, model_args, name="plain.hdf5")
+    with h5py.File(ours, "r") as a, h5py.File(tmp_path / "dropin.hdf5", "r") as b, h5py.File(plain, "r") as c:
+        for i in range(len(lines)):
+            np.testing.assert_allclose(a[str(i)][...], b[str(i)][...], rtol=0, atol=1e-6)
+        assert max(np.abs(a[str(i)][...] - c[str(i)][...]).max() for i in range(64, 130)) > 1e-3
+        assert max(np.abs(a[str(i)][...] - c[str(i)][...]).max() for i in range(64)) < 1e-5
+    # AllenNLP's other flags: the same numbers.
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"w{k}\n" for k in range(23)))
+    rc, cached = _run(tmp_path, lines, model_args, "--allennlp", "--vocab-path", str(vocab),
+                      "--file-friendly-logging", name="cached.hdf5")
+    with h5py.File(ours, "r") as a, h5py.File(cached, "r") as b:
+        assert rc == 0 and all(np.allclose(a[k][...], b[k][...], rtol=0, atol=1e-6) for k in a if k.isdigit())
+    # A blank line stops the run, as it stopped AllenNLP's (and the drop-in's), in one line.
+    capsys.readouterr()
+    rc, out = _run(tmp_path, ["a b", "", "c"], model_args, "--allennlp", name="blank.hdf5")
+    err = capsys.readouterr().err
+    assert rc == 1 and "line 2 is blank" in err and err.count("\n") == 1 and not out.exists()

@@ -95,7 +95,8 @@ class ElmoEmbedder:
         elmo`` did: datasets named by line index (or, ``use_sentence_keys``, by the sentence), plus
         ``sentence_to_index`` unless ``forget_sentences``. ``output_format``: all, top or average.
         ``input_file`` is an open text file (closed afterwards, as AllenNLP does) or a path.
-        Batches are ``batch_size`` lines in file order; the carried state starts from zero.
+        Batches are ``batch_size`` lines in file order; the carried state starts from zero. A blank
+        line is an error, as in AllenNLP.
         """
         from ..embed.hdf5 import embed_file
 
@@ -105,7 +106,7 @@ class ElmoEmbedder:
             embed_file(self.elmo_bilm, path, output_file_path, output_format,
                        batch_size=batch_size if self.elmo_bilm.stateful else None,
                        sentence_index=not forget_sentences,
-                       keys="sentence" if use_sentence_keys else "index")
+                       keys="sentence" if use_sentence_keys else "index", blank_lines="error")
 
 
 class _input_path:

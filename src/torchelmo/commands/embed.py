@@ -102,10 +102,26 @@ def _add_allennlp_args(p) -> None:
     g.add_argument("--include-sentence-indices", action="store_true",
                    help="write the sentence_to_index dataset (already the default; older AllenNLP "
                    "versions needed this flag)")
+    g.add_argument("--allennlp", action="store_true",
+                   help="AllenNLP's defaults, for its numbers: batches of 64 lines in file order with "
+                   "the LSTM state carried from batch to batch (--stateful), and a blank line is an "
+                   "error; as torchelmo.allennlp.ElmoEmbedder.embed_file")
+    g.add_argument("--vocab-path", metavar="FILE",
+                   help="tokens (one per line) whose char-CNN embeddings are computed once up front; "
+                   "the output is the same")
+    g.add_argument("--file-friendly-logging", action="store_true",
+                   help="log lines instead of a progress bar (as -q)")
 
 
 def _allennlp_device(args) -> None:
-    """Fold ``--cuda-device`` into ``--device`` and check the sentence-index flags."""
+    """Fold ``--cuda-device`` into ``--device``, ``--allennlp`` into AllenNLP's defaults, and check
+    the sentence-index flags."""
+    if args.allennlp:
+        args.stateful = True
+        if args.batch_size is None:
+            args.batch_size = ALLENNLP_BATCH_SIZE
+    if args.file_friendly_logging:
+        args.quiet = max(getattr(args, "quiet", 0) or 0, 1)
     if args.cuda_device is not None:
         if args.device != "auto":
             raise ElmoError("give either --device or --cuda-device, not both")
@@ -115,6 +131,15 @@ def _allennlp_device(args) -> None:
     if args.include_sentence_indices and args.use_sentence_keys:
         raise ElmoError("--include-sentence-indices cannot be used with --use-sentence-keys "
                         "(the datasets are named by their sentences)")
+
+
+ALLENNLP_BATCH_SIZE = 64   # allennlp elmo's --batch-size default
+
+
+def _read_vocab(path: str) -> list[str]:
+    """``--vocab-path``: one token per line (AllenNLP's vocabulary file; blank lines skipped)."""
+    from ..text import read_lines
+    return [t for line in read_lines(path) for t in line.tokens[:1]]
 
 
 def model_name(args) -> str:
@@ -131,6 +156,8 @@ def run(args) -> int:
     shard = parse_shard(args.shard) if args.shard else None
     with Interrupts():   # from the model's load on: SIGTERM ends in one line, as Ctrl-C does
         model = load_model(args, stateful=args.stateful)
+        if args.vocab_path:
+            model.cache_token_embeddings(_read_vocab(args.vocab_path))
     model = model.to(device)
     model.precision = args.precision
     model.backend = args.backend
@@ -141,7 +168,8 @@ def run(args) -> int:
                        batch_size=args.batch_size, max_tokens_per_batch=args.max_tokens_per_batch,
                        errors=args.errors, shard=shard, sentence_index=not args.no_sentence_index,
                        progress=show_progress(args), model_name=model_name(args),
-                       keys="sentence" if args.use_sentence_keys else "index")
+                       keys="sentence" if args.use_sentence_keys else "index",
+                       blank_lines="error" if args.allennlp else "warn")
         mark_done()   # OUTPUT is complete and in place
     if show_summary(args):
         rate = s.tokens / max(s.seconds, 1e-9)

@@ -82,10 +82,13 @@ class EmbedOptions:
     errors: str = "strict"                    # invalid UTF-8: "strict" (an error) or "replace"
     shard: tuple[int, int] | None = None      # (k, n): only the lines with index % n == k
     window_lines: int = WINDOW_LINES
+    blank_lines: str = "warn"                 # "warn": a zero-length dataset; "error": AllenNLP's rule
 
     def __post_init__(self) -> None:
         check_modes(self.layers, self.pool)
         self.shard = check_shard(self.shard)
+        if self.blank_lines not in ("warn", "error"):
+            raise ElmoError(f"blank_lines must be 'warn' or 'error', got {self.blank_lines!r}")
 
     def lines(self, path: str | Path) -> LineReader:
         """The lines of ``path`` this run embeds (its shard's); ``lines_read`` counts them all."""
@@ -93,12 +96,16 @@ class EmbedOptions:
 
 
 class _BlankLines:
-    """Warns about blank lines: the first few by name, then a count at the end."""
+    """Warns about blank lines: the first few by name, then a count at the end; or, with
+    ``error``, stops at the first (as AllenNLP's ``elmo`` command did)."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    def __init__(self, error: bool = False) -> None:
+        self.count, self.error = 0, error
 
     def __call__(self, index: int) -> None:
+        if self.error:
+            raise ElmoError(f"line {index + 1} is blank: AllenNLP's elmo command rejects blank lines "
+                            "(remove them, or embed without AllenNLP's rules to get zero-length datasets)")
         self.count += 1
         if self.count <= BLANK_WARNINGS:
             warnings.warn(f"line {index + 1} (dataset '{index}') is blank: writing a zero-length "
@@ -125,7 +132,7 @@ def _iter_lines(model: BiLM, lines: Iterable[Line], options: EmbedOptions, on_ba
             pending[line.index] = line
             yield line.index, line.tokens
 
-    blank = _BlankLines()
+    blank = _BlankLines(options.blank_lines == "error")
     for i, arr in iter_embed_indexed(model, items(), options.layers, options.pool, batching,
                                      on_batch, blank, in_order):
         yield pending.pop(i), arr
@@ -164,7 +171,7 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
                max_tokens_per_batch: int | None = None, errors: str = "strict",
                shard: tuple[int, int] | None = None, sentence_index: bool = True,
                window_lines: int = WINDOW_LINES, progress: bool = False, keys: str = "index",
-               model_name: str | None = None) -> EmbedSummary:
+               model_name: str | None = None, blank_lines: str = "warn") -> EmbedSummary:
     """Embed ``input_path`` into the HDF5 file ``output_path`` (layout: see the module docstring).
 
     The file is written under a temporary name beside ``output_path`` and renamed when complete:
@@ -173,10 +180,12 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     ``progress``: a tqdm bar on stderr (sentences/s, tokens/s, ETA when the line count is known).
     ``keys="sentence"`` names each dataset by its stripped line (AllenNLP's ``--use-sentence-keys``;
     no ``sentence_to_index``); a blank or repeated line, or one holding "/", is then an error.
-    ``model_name``: recorded as the ``elmo_model`` attribute.
+    ``model_name``: recorded as the ``elmo_model`` attribute. ``blank_lines="error"``: a blank line
+    stops the run (AllenNLP's rule) instead of getting a zero-length dataset and a warning.
     """
     options = EmbedOptions(layers=layers, pool=pool, batch_size=batch_size, errors=errors, shard=shard,
-                           max_tokens_per_batch=max_tokens_per_batch, window_lines=window_lines)
+                           max_tokens_per_batch=max_tokens_per_batch, window_lines=window_lines,
+                           blank_lines=blank_lines)
     if keys not in KEY_MODES:
         raise ElmoError(f"keys must be 'index' or 'sentence', got {keys!r}")
     if keys == "sentence" and options.shard is not None and options.shard[1] > 1:
