@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from torchelmo.embed import WINDOW_LINES, Batching, embed_batch
 from torchelmo.lm import LanguageModel
 from torchelmo.precision import cpu_bf16_support, resolve_precision, support_line
 from torchelmo.probe.conll import read_conllu
+from torchelmo.runtime import cpu_name
 from torchelmo.train import TRAIN_PRESETS
 from torchelmo.vocab import Vocabulary
 
@@ -52,9 +52,7 @@ MATMULS = {"small step [x;h]W": (256, 257, 4096), "small projection": (256, 1024
 
 
 def machine() -> dict:
-    name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                platform.processor())
-    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__,
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "bf16_support": cpu_bf16_support(),
             "support_line": support_line(), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")}
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -112,14 +111,9 @@ def phase_record(name: str, path: Path, cfg: dict) -> dict:
 
 def machine(threads: int) -> str:
     import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+
+    from torchelmo.runtime import cpu_name
+    cpu = cpu_name()
     dev = f"CUDA ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "CPU"
     return (f"{os.cpu_count()}-core {cpu}, torch {torch.__version__.split('+')[0]} {dev}, fp32, "
             f"{threads} thread{'s' if threads != 1 else ''}")

@@ -29,7 +29,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -91,15 +90,8 @@ def machine(threads: int | None) -> str:
     import torch
 
     from torchelmo.precision import cpu_bf16_support
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()}-core {cpu} (bf16: {cpu_bf16_support()}), torch {torch.__version__.split('+')[0]}, "
+    from torchelmo.runtime import cpu_name
+    return (f"{os.cpu_count()}-core {cpu_name()} (bf16: {cpu_bf16_support()}), torch {torch.__version__.split('+')[0]}, "
             f"{threads or 'default'} threads")
 
 

@@ -159,3 +159,16 @@ def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if torch.device(device).type != "cuda" or t.is_cuda:
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), for records of where a run ran."""
+    import platform
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
 import time
 from collections.abc import Callable
 
+from ..signals import Interrupts
 from .metrics import MetricsLog
 
 
@@ -49,29 +49,17 @@ def report(entry: dict, metrics: MetricsLog | None, bar, log: Callable[[str], No
             f"{entry['tokens_per_s']:.0f} tok/s lr {entry['lr']:.3g}")
 
 
-class StopSignals:
+class StopSignals(Interrupts):
     """SIGINT and SIGTERM while training: the step in progress finishes, a checkpoint is written
     and the run stops, to be continued with ``--resume``; a second signal stops at once."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.signum: int | None = None
-        self._old: dict[int, object] = {}
 
     @property
     def name(self) -> str | None:
         return signal.Signals(self.signum).name if self.signum is not None else None
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():   # elsewhere signals cannot be set
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-        return False
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
