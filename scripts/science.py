@@ -159,7 +159,8 @@ def write_record(cfg: dict) -> None:
     record = {
         "recipe": "scripts/science.py", "config": os.path.relpath(CONFIG, ROOT), "budget": BUDGET,
         "vocabulary_min_count": MIN_COUNT,
-        "corpus": counts and {k: counts[k] for k in counts if k in ("train", "valid", "totals")} or counts,
+        # The totals; per source in results/corpus.json.
+        "corpus": counts and {k: counts[k] for k in ("train_total", "valid_total") if k in counts},
         "progress": {**progress, "fraction_of_budget": round(progress["tokens"] / BUDGET["tokens"], 4)},
         "chunks": chunks,
         "validation": [{"step": v["step"], "tokens": v["step"] * cfg["batch_size"] * cfg["unroll"],

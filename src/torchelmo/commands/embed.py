@@ -113,7 +113,7 @@ def _add_allennlp_args(p) -> None:
                    help="log lines instead of a progress bar (as -q)")
 
 
-def _allennlp_device(args) -> None:
+def _allennlp_flags(args) -> None:
     """Fold ``--cuda-device`` into ``--device``, ``--allennlp`` into AllenNLP's defaults, and check
     the sentence-index flags."""
     if args.allennlp:
@@ -151,7 +151,7 @@ def model_name(args) -> str:
 
 def run(args) -> int:
     """``elmo embed``: load the model, embed INPUT into OUTPUT, print a one-line summary."""
-    _allennlp_device(args)
+    _allennlp_flags(args)
     device = apply_device_args(args)
     shard = parse_shard(args.shard) if args.shard else None
     with Interrupts():   # from the model's load on: SIGTERM ends in one line, as Ctrl-C does
