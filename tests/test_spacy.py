@@ -71,12 +71,85 @@ def test_pipe_batches_and_matches_one_by_one(allennlp_dir):
 
 
 def test_set_vectors_and_similarity(allennlp_dir):
+    from torchelmo.spacy_component import similarity
     nlp = _nlp(allennlp_dir, set_vectors=True)
     doc = nlp(TEXTS[0])
     np.testing.assert_allclose(doc[1].vector, doc[1]._.elmo)
+    np.testing.assert_allclose(doc[1:3].vector, doc._.elmo[1:3].mean(0), atol=1e-6)
     np.testing.assert_allclose(doc.vector, doc._.elmo.mean(0), atol=1e-6)
+    assert doc[1].has_vector and doc[1:3].has_vector and doc.has_vector
     a, b = doc[1]._.elmo, doc[5]._.elmo
     assert doc[1].similarity(doc[5]) == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-5)
+    # Contextual: the same word in two contexts is not identical (spaCy's own similarity says 1.0).
+    other = nlp("A mat .")
+    assert doc[5].text == other[1].text == "mat"
+    s = similarity(doc[5], other[1])
+    assert doc[5].similarity(other[1]) == pytest.approx(s) and s < 0.999
+    assert similarity(doc, doc) == pytest.approx(1.0) and similarity(doc, nlp("")) == 0.0
+
+
+# A fresh interpreter per start method: nlp.pipe(n_process=2) must neither hang (fork, after the
+# parent has run PyTorch's thread pool) nor fail to pickle (spawn), and must give the same vectors.
+N_PROCESS = """
+import multiprocessing, sys
+import numpy as np
+import spacy
+from torchelmo.spacy_component import similarity
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[1], force=True)
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": sys.argv[2], "device": "cpu", "set_vectors": True})
+    texts = [f"Sentence {i} is here , with {'more ' * (i % 7)}words ." for i in range(40)] + ["", "bank bank"]
+    alone = [nlp(t) for t in texts]            # runs the parent's thread pool before the fork
+    docs = list(nlp.pipe(texts, n_process=2, batch_size=4))
+    assert len(docs) == len(texts)
+    for d, a in zip(docs, alone):
+        assert [t.text for t in d] == [t.text for t in a]
+        np.testing.assert_allclose(d._.elmo, a._.elmo, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(d._.elmo_layers, a._.elmo_layers, atol=1e-5, rtol=1e-5)
+        if len(d):
+            assert d[0].has_vector and d.has_vector
+            np.testing.assert_allclose(d[0].vector, a[0]._.elmo, atol=1e-5, rtol=1e-5)
+    bank = docs[-1]
+    assert similarity(bank[0], bank[1]) < 0.999
+    print("ok", len(docs))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pipe_with_worker_processes(allennlp_dir, tmp_path, method):
+    script = tmp_path / "n_process.py"
+    script.write_text(N_PROCESS, encoding="utf-8")
+    out = subprocess.run([sys.executable, str(script), method, str(allennlp_dir)], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok 42"
+
+
+def test_saved_pipeline_carries_its_model(allennlp_dir, bilm, tmp_path):
+    model = tmp_path / "model-here"
+    bilm.save_pretrained(model)
+    nlp = _nlp(model, layers=[1, 2], scalar_mix_parameters=[0.5, -0.5], set_vectors=True)
+    want = nlp(TEXTS[1])._.elmo
+    nlp.to_disk(tmp_path / "pipeline")
+    assert (tmp_path / "pipeline" / "elmo" / "model" / "config.json").is_file()
+    for f in model.iterdir():          # the pipeline goes to a machine without the model directory
+        f.unlink()
+    model.rmdir()
+    loaded = spacy.load(tmp_path / "pipeline")
+    doc = loaded(TEXTS[1])
+    np.testing.assert_allclose(doc._.elmo, want, atol=1e-6, rtol=1e-6)
+    assert loaded.get_pipe("elmo").layers == [1, 2] and doc[1].has_vector
+
+
+def test_missing_local_model_is_one_line_at_first_use(tmp_path):
+    import torchelmo.spacy_component  # noqa: F401
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": str(tmp_path / "gone"), "device": "cpu"})
+    with pytest.raises(ElmoError, match=r"gone.*nor was this pipeline loaded from a directory that holds"):
+        nlp("a b")
+    with pytest.raises(ElmoError, match="no model here"):
+        nlp.get_pipe("elmo").from_disk(tmp_path)
 
 
 @pytest.mark.parametrize("config, message", [
