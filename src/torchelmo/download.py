@@ -40,6 +40,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -264,6 +265,38 @@ def _usable(target: Path, digest_file: Path, sha256: str | None) -> bool:
     return want is not None and _sha256(target) == want
 
 
+def _entry(url: str, cache: str | Path | None) -> tuple[Path, Path]:
+    """A URL's cache entry: the file and its digest record."""
+    root = Path(cache) if cache is not None else cache_dir()
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    target = root / f"{key}-{Path(urllib.parse.urlparse(url).path).name or 'download'}"
+    return target, target.with_name(target.name + ".sha256")
+
+
+def seed_cache(url: str, local_file: str | Path, sha256: str | None = None, cache: str | Path | None = None,
+               verify: Verify | None = None, kind: str | None = None) -> Path:
+    """Put ``local_file`` into the cache as the download of ``url``, checked as a download would be
+    (the pinned ``sha256``, else ``verify`` or ``kind``): a machine without network, or code that
+    names a model only by its URL (flair's named ELMo models), then finds it there, offline too."""
+    src = Path(local_file)
+    if not src.is_file():
+        raise ElmoError(f"{src}: file not found")
+    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
+        raise ElmoError(f"{url}: not an http(s) URL")
+    check_markup(src, str(src))
+    got = _sha256(src)
+    if sha256 is not None and got != sha256:
+        raise ElmoError(f"{src}: checksum mismatch for {url} (got sha256 {got}, expected {sha256})")
+    if sha256 is None:
+        (verify or (lambda path: check_content(path, url, kind)))(src)
+    target, digest_file = _entry(url, cache)
+    with atomic_path(digest_file) as dtmp:
+        dtmp.write_text(got + "\n")
+    with atomic_path(target) as tmp:
+        shutil.copyfile(src, tmp)
+    return target
+
+
 def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str | Path | None = None,
                 offline: bool | None = None, progress: bool = True, verify: Verify | None = None,
                 kind: str | None = None, deadline: float | None = None,
@@ -293,10 +326,7 @@ def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str |
     if not deadline > 0 or max_bytes < 1:
         raise ElmoError(f"cached_path: deadline and max_bytes must be positive, got {deadline!r}, {max_bytes!r}")
     offline = offline_mode() if offline is None else offline
-    root = Path(cache) if cache is not None else cache_dir()
-    key = hashlib.sha256(s.encode()).hexdigest()[:16]
-    target = root / f"{key}-{Path(parsed.path).name or 'download'}"
-    digest_file = target.with_name(target.name + ".sha256")
+    target, digest_file = _entry(s, cache)
     if target.is_file():
         if _usable(target, digest_file, sha256):
             return target
@@ -307,7 +337,7 @@ def cached_path(url_or_path: str | Path, sha256: str | None = None, cache: str |
         target.unlink()
         digest_file.unlink(missing_ok=True)
     if offline:
-        raise ElmoError(f"{s}: not in the cache {root} and offline mode is on (ELMO_OFFLINE)")
+        raise ElmoError(f"{s}: not in the cache {target.parent} and offline mode is on (ELMO_OFFLINE)")
     try:
         with atomic_path(target) as tmp:
             _fetch(s, tmp, target.name, progress, deadline, max_bytes)

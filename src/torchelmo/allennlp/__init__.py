@@ -22,10 +22,14 @@ one module each:
 * :mod:`.indexer`: ``ELMoCharacterMapper`` and ``ELMoTokenCharactersIndexer``;
 * :mod:`.state_dict`: checkpoints with AllenNLP's keys, which ``Elmo``, ``ElmoTokenEmbedder``,
   ``_ElmoBiLm`` and ``_ElmoCharacterEncoder`` load and give back (``allennlp_state_dict()``); its
-  docstring has the table of keys and the conversions.
+  docstring has the table of keys and the conversions;
+* :mod:`.alias`: ``register_as_allennlp()``, the drop-in under AllenNLP's module paths for code
+  that imports ``allennlp`` itself (flair's ``ELMoEmbeddings``), only when called and only where
+  the real AllenNLP is not installed.
 """
 
 from ..chars import batch_to_ids
+from .alias import register_as_allennlp
 from .elmo import Elmo, ElmoTokenEmbedder
 from .embedder import DEFAULT_BATCH_SIZE, ElmoEmbedder
 from .embedder import DEFAULT_MODEL as DEFAULT_MODEL
@@ -36,4 +40,4 @@ from .modules import _ElmoCharacterEncoder as _ElmoCharacterEncoder
 from .modules import _ElmoLstmState as _ElmoLstmState
 
 __all__ = ["DEFAULT_BATCH_SIZE", "ELMoCharacterMapper", "ELMoTokenCharactersIndexer", "Elmo", "ElmoEmbedder",
-           "ElmoTokenEmbedder", "ScalarMix", "batch_to_ids"]
+           "ElmoTokenEmbedder", "ScalarMix", "batch_to_ids", "register_as_allennlp"]

@@ -16,11 +16,16 @@ import torch
 from ..bilm import BiLM
 from ..chars import batch_to_ids, sentence_lengths
 from ..errors import ElmoError
+from ..registry import ALIASES, REGISTRY
 from ..runtime import resolve_cuda_device
+from .modules import _ElmoBiLm
 
 DEFAULT_BATCH_SIZE = 64          # AllenNLP's ElmoEmbedder and `allennlp elmo`
 # What ElmoEmbedder() and ElmoTokenEmbedder() load without files: AllenNLP's default, 2x4096_512_2048cnn_2xhighway.
 DEFAULT_MODEL = "original"
+# allennlp.commands.elmo's names for that model's files (code such as flair's reads them).
+DEFAULT_OPTIONS_FILE = REGISTRY[ALIASES[DEFAULT_MODEL]]["options"]
+DEFAULT_WEIGHT_FILE = REGISTRY[ALIASES[DEFAULT_MODEL]]["weights"]
 
 
 class ElmoEmbedder:
@@ -30,6 +35,8 @@ class ElmoEmbedder:
     and cached); ``model=`` takes any name :meth:`BiLM.from_pretrained` takes instead (e.g.
     ``"default"``, the small model shipped in the package, offline). ``cuda_device``: -1 the CPU,
     N GPU N. Arrays are ``(L, n_tokens, 2P)``: ``(3, n, 1024)`` for the published models.
+    ``elmo_bilm`` is AllenNLP's :class:`._ElmoBiLm` over the model (its ``_elmo_lstm._states`` is
+    the carried state), ``bilm`` the torchelmo :class:`~torchelmo.BiLM` itself.
     """
 
     def __init__(self, options_file: str | None = None, weight_file: str | None = None,
@@ -40,21 +47,24 @@ class ElmoEmbedder:
             raise ElmoError("ElmoEmbedder: give either model or options_file/weight_file, not both")
         device = resolve_cuda_device(cuda_device, "cuda_device")
         if options_file is not None:
-            self.elmo_bilm = BiLM.from_published(options_file, weight_file, stateful=stateful)
+            bilm = BiLM.from_published(options_file, weight_file, stateful=stateful)
         else:
-            name = DEFAULT_MODEL if model is None else model
-            self.elmo_bilm = BiLM.from_pretrained(name, stateful=stateful)
-        self.elmo_bilm = self.elmo_bilm.to(device).eval()
+            bilm = BiLM.from_pretrained(DEFAULT_MODEL if model is None else model, stateful=stateful)
+        self.elmo_bilm = _ElmoBiLm(None, None, module=bilm.to(device).eval())
         self.cuda_device = cuda_device
+
+    @property
+    def bilm(self) -> BiLM:
+        return self.elmo_bilm.bilm
 
     def batch_to_embeddings(self, batch: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B, L, T, 2P)`` activations and the ``(B, T)`` mask of one batch."""
         with torch.no_grad():
-            out = self.elmo_bilm(batch_to_ids(batch).to(self.elmo_bilm.device))
+            out = self.bilm(batch_to_ids(batch).to(self.bilm.device))
         return torch.stack(out.layers, dim=1), out.mask
 
     def _empty(self) -> np.ndarray:
-        return np.zeros((self.elmo_bilm.num_layers, 0, self.elmo_bilm.output_dim), np.float32)
+        return np.zeros((self.bilm.num_layers, 0, self.bilm.output_dim), np.float32)
 
     def embed_sentence(self, sentence: list[str]) -> np.ndarray:
         """One tokenised sentence: ``(L, n_tokens, 2P)``."""
@@ -103,8 +113,8 @@ class ElmoEmbedder:
         if output_format not in ("all", "top", "average"):
             raise ElmoError(f"output_format must be all, top or average, got {output_format!r}")
         with _input_path(input_file) as path:
-            embed_file(self.elmo_bilm, path, output_file_path, output_format,
-                       batch_size=batch_size if self.elmo_bilm.stateful else None,
+            embed_file(self.bilm, path, output_file_path, output_format,
+                       batch_size=batch_size if self.bilm.stateful else None,
                        sentence_index=not forget_sentences,
                        keys="sentence" if use_sentence_keys else "index", blank_lines="error")
 
