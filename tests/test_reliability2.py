@@ -6,6 +6,7 @@ those of ``test_reliability.py``.
 
 import hashlib
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -470,3 +471,83 @@ def test_embed_file_of_a_stream_is_one_line_on_bad_utf8_and_leaves_no_temporary_
     with pytest.raises(ElmoError, match="is a directory"):
         emb.embed_file(io.StringIO("a b\n"), tmp_path)
     assert list(tmpdir.iterdir()) == [] and not (tmp_path / "bad.h5").exists()
+
+
+# A signal that arrives while h5py is inside its C code, calling back into Python to write: the
+# moment a KeyboardInterrupt would be swallowed ("Exception ignored") and the run would finish as
+# if nothing happened. Sent from inside that callback, so the moment is hit every time.
+SIGNAL_INSIDE_H5PY = """
+import os, signal, sys
+import h5py
+from torchelmo import fileio
+from torchelmo.cli import entry
+sig, phase, at = getattr(signal, sys.argv[1]), sys.argv[2], int(sys.argv[3])
+state = {"armed": phase == "writing", "calls": 0}
+write, close = fileio.GuardedWriter.write, h5py.File.close
+def write_and_signal(self, data):
+    if state["armed"]:
+        state["calls"] += 1
+        if state["calls"] == at:
+            os.kill(os.getpid(), sig)
+    return write(self, data)
+def arm_then_close(self):
+    state["armed"] = True             # the close flushes HDF5's metadata through write()
+    return close(self)
+fileio.GuardedWriter.write = write_and_signal
+h5py.File.close = arm_then_close
+sys.argv = ["elmo"] + sys.argv[4:]
+entry()
+"""
+
+
+@pytest.mark.parametrize("sig, phase, at", [("SIGINT", "writing", 1), ("SIGINT", "writing", 40),
+                                            ("SIGINT", "closing", 1), ("SIGINT", "closing", 20),
+                                            ("SIGTERM", "closing", 5)])
+def test_a_signal_inside_h5pys_own_writes_is_never_lost(tmp_path, sig, phase, at):
+    inp = _lines(tmp_path / "in.txt", 300)
+    out = tmp_path / "out.h5"
+    script = tmp_path / "run.py"
+    script.write_text(SIGNAL_INSIDE_H5PY, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), sig, phase, str(at), "embed", str(inp), str(out),
+                           "--all", "--quiet", "--batch-size", "16"], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines()[-1] == "elmo embed: interrupted", proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "run.py"]   # no output, no temporary
+
+
+def test_resume_drops_the_metrics_logged_after_the_checkpoint(tmp_path):
+    # Killed after step 40 was logged but with its last checkpoint at step 25: steps 30 and 40 are
+    # trained again, so their lines go; a line cut short by the kill goes too.
+    from torchelmo.train.metrics import METRICS_NAME, MetricsLog
+    path = tmp_path / METRICS_NAME
+    entries = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.5}, {"step": 20, "valid_ppl_mean": 90.0},
+               {"step": 30, "loss": 4.2}, {"step": 40, "valid_ppl_mean": 80.0}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries) + '{"step": 41, "lo', encoding="utf-8")
+    log = MetricsLog(tmp_path, resumed_at=25)
+    assert log.last_valid == {"step": 20, "valid_ppl_mean": 90.0}
+    log.record({"step": 30, "loss": 4.25})
+    log.close()
+    assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == \
+        entries[:3] + [{"step": 30, "loss": 4.25}]
+    MetricsLog(tmp_path, resumed_at=None).close()    # a new run starts an empty log
+    assert path.read_text(encoding="utf-8") == ""
+
+
+def test_a_rerun_with_the_same_settings_is_bitwise_identical(tmp_path):
+    from torchelmo.cli import main
+    inp = _lines(tmp_path / "in.txt", 120)
+    for name in ("a.h5", "b.h5"):
+        assert main(["embed", str(inp), str(tmp_path / name), "--all", "--model", "default", "--threads", "1",
+                     "--batch-size", "32", "-q"]) == 0
+    with h5py.File(tmp_path / "a.h5", "r") as a, h5py.File(tmp_path / "b.h5", "r") as b:
+        assert sorted(a.keys()) == sorted(b.keys()) and len(a.keys()) == 121   # 120 lines + the index
+        for key in a:
+            x, y = a[key][...], b[key][...]
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            if x.dtype == object:                       # sentence_to_index: its text
+                assert x.tolist() == y.tolist(), key
+            else:
+                assert x.dtype == np.float32 and x.tobytes() == y.tobytes(), key
+        assert dict(a.attrs) == dict(b.attrs)

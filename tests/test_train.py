@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,19 +91,33 @@ def _params(run):
     return load_file(str(Path(run) / "model" / "model.safetensors"))
 
 
-def test_sigkill_and_resume_is_exact(tmp_path, ptb_slice):
-    data, vocab = ptb_slice / "train.txt", ptb_slice / "vocab.txt"
-    steps = 300
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ref = subprocess.run(_train_cmd(tmp_path / "ref", data, vocab, steps), env=env, capture_output=True, text=True)
-    assert ref.returncode == 0, ref.stderr
-    run = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(run, data, vocab, steps), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def _same(a, b, where="") -> None:
+    """Every tensor, array and value of two checkpoint trees equal (bitwise for tensors)."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, (where, a, b)
+
+
+def _kill_between_checkpoints(proc, run, after_mtime: int | None) -> None:
+    """SIGKILL ``proc`` mid-way between two checkpoints, once it has written one newer than
+    ``after_mtime`` (None: any)."""
     try:
         deadline = time.time() + 120
-        while not (run / CHECKPOINT_NAME).is_file():
-            assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        while not ((run / CHECKPOINT_NAME).is_file()
+                   and (after_mtime is None or (run / CHECKPOINT_NAME).stat().st_mtime_ns != after_mtime)):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before a new checkpoint"
             time.sleep(0.01)
         time.sleep(0.3)  # mid-way between checkpoints
         assert proc.poll() is None, "the run finished before it could be killed; make it longer"
@@ -112,16 +127,43 @@ def test_sigkill_and_resume_is_exact(tmp_path, ptb_slice):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigkill_and_resume_is_exact(tmp_path, ptb_slice):
+    # Killed twice, resumed twice: the final checkpoint equals an uninterrupted run's in every
+    # tensor (parameters, Adam's moments, the carried LSTM state), the data position, the random
+    # generators and the schedule; only the wall-clock time and the output path differ.
+    data, vocab = ptb_slice / "train.txt", ptb_slice / "vocab.txt"
+    steps = 300
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = subprocess.run(_train_cmd(tmp_path / "ref", data, vocab, steps), env=env, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    run = tmp_path / "killed"
+    _kill_between_checkpoints(subprocess.Popen(_train_cmd(run, data, vocab, steps), env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), run, None)
     assert not (run / "model").exists()
-    killed_at = torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"]
-    assert 0 < killed_at < steps
+    first = torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"]
+    assert 0 < first < steps
+    _kill_between_checkpoints(subprocess.Popen(_train_cmd(run, data, vocab, steps, ["--resume"]), env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                              run, (run / CHECKPOINT_NAME).stat().st_mtime_ns)
+    second = torch.load(run / CHECKPOINT_NAME, weights_only=False)["step"]
+    assert first < second < steps
     res = subprocess.run(_train_cmd(run, data, vocab, steps, ["--resume"]), env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert f"resumed from {run / CHECKPOINT_NAME} at step {killed_at}" in res.stderr
+    assert f"resumed from {run / CHECKPOINT_NAME} at step {second}" in res.stderr
     a, b = _params(tmp_path / "ref"), _params(run)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    ca = torch.load(tmp_path / "ref" / CHECKPOINT_NAME, weights_only=False)
+    cb = torch.load(run / CHECKPOINT_NAME, weights_only=False)
+    assert ca["step"] == cb["step"] == steps
+    for ckpt in (ca, cb):
+        ckpt.pop("elapsed")
+        ckpt["config"].pop("out_dir")
+        ckpt["config"].pop("resume", None)
+    _same(ca, cb)
     # The metrics log has each step once.
     steps_logged = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged == list(range(20, steps + 1, 20))

@@ -62,6 +62,13 @@ def gather_rng(env: DistEnv, device: torch.device) -> list[dict]:
     return allr
 
 
+def seed_rngs(seed: int) -> None:
+    """Seed the generators a checkpoint saves (torch's, and Python's, which nothing here draws from
+    but a user's code may), so that a fresh run's are as reproducible as a resumed one's."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
 def rng_state(device: torch.device) -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}

@@ -26,7 +26,7 @@ from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import MAX_GRAD_ACCUM, TrainConfig
-from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, setup_distributed
+from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs, setup_distributed
 from .metrics import MetricsLog
 from .progress import StopSignals, Window, progress_bar, report
 
@@ -136,7 +136,7 @@ class Trainer:
         if self.resumed is not None:
             self._restore(self.resumed)
         else:
-            torch.manual_seed(self.cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
+            seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
         self.model: torch.nn.Module = self.lm
         if self.env.active:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -192,7 +192,7 @@ class Trainer:
         if not restore_rng(ckpt, self.env.rank, self.env.world_size, self.device):
             self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
                      f"{self.env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
-            torch.manual_seed(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
+            seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
         self._set_lr()
         self.log(f"resumed from {self.out / ckpt_io.CHECKPOINT_NAME} at step {self.step}")
 
