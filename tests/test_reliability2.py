@@ -551,3 +551,27 @@ def test_a_rerun_with_the_same_settings_is_bitwise_identical(tmp_path):
             else:
                 assert x.dtype == np.float32 and x.tobytes() == y.tobytes(), key
         assert dict(a.attrs) == dict(b.attrs)
+
+
+def test_a_model_larger_than_the_memory_left_is_refused_before_allocation(tmp_path, monkeypatch, capsys):
+    from torchelmo import BiLM, runtime
+    from torchelmo.config import ElmoConfig
+    model = BiLM.from_pretrained("default")
+    model.save_pretrained(tmp_path / "m")
+    need = 4 * model.config.num_parameters()
+    free = runtime.available_memory()
+    assert free is None or free > need
+    monkeypatch.setattr(runtime, "available_memory", lambda: need - 1)
+    message = f"a biLM of {need // 4:,} parameters needs 0.0 GiB for its parameters, more than the 0.0 GiB"
+    allocated = []
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.Embedding, "__init__", lambda *a, **k: allocated.append(1))
+        for load in (lambda: BiLM.from_pretrained(tmp_path / "m"),
+                     lambda: BiLM(ElmoConfig.from_json_file(tmp_path / "m" / "config.json"))):
+            with pytest.raises(ElmoError, match=message):
+                load()
+    assert allocated == []
+    one_line_error(capsys, ["embed", _lines(tmp_path / "in.txt", 3), tmp_path / "out.h5", "--all",
+                            "--model", tmp_path / "m"], message)
+    monkeypatch.setattr(runtime, "available_memory", lambda: need)
+    assert BiLM.from_pretrained(tmp_path / "m").config == model.config

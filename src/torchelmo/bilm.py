@@ -33,7 +33,7 @@ from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer
 from .precision import Precision, check_precision, resolve_precision
-from .runtime import copy_to
+from .runtime import check_allocation, copy_to
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
 
@@ -161,6 +161,7 @@ class BiLM(nn.Module):
                  regularisation: Regularisation | None = None, precision: str = "fp32",
                  backend: str | None = None) -> None:
         super().__init__()
+        check_allocation(4 * config.num_parameters(), f"a biLM of {config.num_parameters():,} parameters")
         self.config = config
         self.encoder = CharCNNEncoder(config)
         P, D = config.projection_dim, config.lstm_dim

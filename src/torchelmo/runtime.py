@@ -153,6 +153,28 @@ def bar_safe_output(prefix: str = "elmo") -> Iterator[None]:
         warnings.showwarning = old
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_allocation(nbytes: int, what: str) -> None:
+    """A one-line error, before anything is allocated, when ``nbytes`` is more than the machine's
+    available memory (a mistyped size in a config would otherwise allocate until the system kills
+    the process)."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise ElmoError(f"{what} needs {nbytes / 2**30:.1f} GiB for its parameters, more than the "
+                        f"{free / 2**30:.1f} GiB of memory available")
+
+
 def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory, without
     blocking the host."""
