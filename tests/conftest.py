@@ -102,7 +102,8 @@ SHARED_FIXTURES = {"allennlp_dir", "bilmtf_dir", "fixture_model", "fixture_corpu
                    "sentences", "model_args", "default_model"}
 SHARED_NAMES = ("shared_path(", "SHARED", "FIXTURES", "DATA /", "DATA,", "../shared", "check_stateful_fixture",
                 "fixture_corpus", "UD_", "PTB")
-EXTRAS = ("onnx", "onnxruntime", "spacy", "triton", "huggingface_hub", "matplotlib", "nltk", "flair")
+EXTRAS = ("onnx", "onnxruntime", "spacy", "triton", "huggingface_hub", "matplotlib", "nltk", "flair",
+          "elmoformanylangs")
 
 
 def _needs_more(item) -> bool:

@@ -1,5 +1,5 @@
 """docs/migrating.md runs as written: its torchelmo blocks (```python / ```bash), in order, in one
-namespace (the AllenNLP and flair blocks, tagged as such, are for reading)."""
+namespace (the AllenNLP, flair-only and ELMoForManyLangs blocks, tagged as such, are for reading)."""
 
 import re
 import shlex
@@ -10,6 +10,8 @@ import torch
 
 from conftest import ROOT
 from torchelmo.cli import main
+
+EXTRAS_NEEDED = ("flair",)   # the flair block
 
 
 def test_migrating_examples_run(tmp_path, monkeypatch):

@@ -287,6 +287,32 @@ class BiLM(nn.Module):
             h_in = out
         return [unsort(o) for o in outs], final
 
+    def contextualise(self, e: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Token embeddings through both stacks (carrying the state when :attr:`stateful`), into
+        the layers ``[e; e]``, ``[fwd_k; bwd_k]``: the tail of :meth:`forward`, shared by models
+        whose token encoder takes other inputs. Call it inside :meth:`precision_scope`.
+
+        Parameters
+        ----------
+        e : ``(B, T, P)`` token embeddings, sentence boundaries included, row ``b`` valid up to
+            ``lengths[b]``.
+        lengths : ``(B,)`` long.
+
+        Returns
+        -------
+        ``n_layers + 1`` tensors ``(B, T, 2P)``, not masked: padded positions hold whatever
+        ``e`` holds there (layer 0) or zeros.
+        """
+        x = torch.stack([e, reverse_padded(e, lengths)])          # (2, B, T, P)
+        init = self._initial_state(e.shape[0], e) if self.stateful else None
+        outs, final = self.run_stacks(x, lengths, init)
+        if self.stateful:
+            self._store_state(final)
+        layers = [torch.cat([e, e], dim=-1)]
+        for out in outs:
+            layers.append(torch.cat([out[0], reverse_padded(out[1], lengths)], dim=-1))
+        return layers
+
     def run_tokens(self, char_ids: torch.Tensor, token_index: torch.Tensor, lengths: torch.Tensor,
                    state: State | None = None, groups: list[tuple[int, int]] | None = None
                    ) -> tuple[list[torch.Tensor], State]:
@@ -328,15 +354,7 @@ class BiLM(nn.Module):
 
         with self.precision_scope():
             e = self.encoder(ids, plan).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
-            x = torch.stack([e, reverse_padded(e, full_len)])       # (2, B, T+2, P)
-            init = self._initial_state(B, e) if self.stateful else None
-            outs, final = self.run_stacks(x, full_len, init)
-        if self.stateful:
-            self._store_state(final)
-
-        layers = [torch.cat([e, e], dim=-1)]
-        for out in outs:
-            layers.append(torch.cat([out[0], reverse_padded(out[1], full_len)], dim=-1))
+            layers = self.contextualise(e, full_len)
         if keep_sentence_boundaries:
             m = full_mask.unsqueeze(-1).to(e.dtype)
             return BiLMOutput([layer * m for layer in layers], full_mask)

@@ -90,21 +90,28 @@ class ElmoConfig:
                       f"{self.use_skip_connections!r}")
         if self.activation not in ("relu", "tanh"):
             raise bad(f"option char_cnn.activation must be 'relu' or 'tanh', got {self.activation!r}")
-        if self.n_characters != N_CHARACTERS or isinstance(self.n_characters, bool):
-            raise bad(f"option char_cnn.n_characters is {self.n_characters}; this model format needs "
-                      f"{N_CHARACTERS} (261 character ids + padding; 261 from a training config is accepted)")
-        if self.max_characters_per_token != MAX_CHARS or isinstance(self.max_characters_per_token, bool):
-            raise bad(f"option char_cnn.max_characters_per_token must be {MAX_CHARS}, "
-                      f"got {self.max_characters_per_token}")
+        self._check_characters(source)
         if not self.filters:
             raise bad("option char_cnn.filters is empty")
+        C = self.max_characters_per_token
         for w, n in self.filters:
-            if not (1 <= w <= MAX_CHARS) or not (1 <= n <= MAX_DIM):
-                raise bad(f"option char_cnn.filters has a bad entry [{w}, {n}] (widths 1..{MAX_CHARS}, "
+            if not (1 <= w <= C) or not (1 <= n <= MAX_DIM):
+                raise bad(f"option char_cnn.filters has a bad entry [{w}, {n}] (widths 1..{C}, "
                           f"counts 1..{MAX_DIM})")
         if self.num_parameters() > MAX_PARAMETERS:
             raise bad(f"the options describe {self.num_parameters():,} parameters, more than the "
                       f"{MAX_PARAMETERS:,} this library accepts (a mistyped size?)")
+
+    def _check_characters(self, source: str) -> None:
+        """The character vocabulary and token width: the published ones (a subclass for another
+        model family checks its own)."""
+        if self.n_characters != N_CHARACTERS or isinstance(self.n_characters, bool):
+            raise ElmoError(f"{source}: option char_cnn.n_characters is {self.n_characters}; this model format "
+                            f"needs {N_CHARACTERS} (261 character ids + padding; 261 from a training config is "
+                            f"accepted)")
+        if self.max_characters_per_token != MAX_CHARS or isinstance(self.max_characters_per_token, bool):
+            raise ElmoError(f"{source}: option char_cnn.max_characters_per_token must be {MAX_CHARS}, "
+                            f"got {self.max_characters_per_token}")
 
     def num_parameters(self) -> int:
         """Parameters of the biLM these options describe (checked before anything is allocated)."""

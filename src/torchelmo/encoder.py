@@ -71,6 +71,9 @@ class CharCNNEncoder(nn.Module):
     vocabulary can be precomputed (:meth:`build_cache`).
     """
 
+    # The id that fills a token's row after its characters (another model family sets its own).
+    pad_id: int = PAD_ID
+
     def __init__(self, config: ElmoConfig) -> None:
         super().__init__()
         self.config = config
@@ -112,7 +115,7 @@ class CharCNNEncoder(nn.Module):
         F_total = self.config.n_filters
         widths = [conv.kernel_size[0] for conv in self.convs]
         w_max, E = max(widths), self.config.char_embed_dim
-        pad_id = ids.new_full((), PAD_ID)
+        pad_id = ids.new_full((), self.pad_id)
         # (w_max * E, F): row k * E + e holds offset k, channel e; zeros past a filter's width.
         weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
         weight = weight.permute(2, 1, 0).reshape(w_max * E, F_total)
@@ -127,7 +130,7 @@ class CharCNNEncoder(nn.Module):
         if groups is None:
             # Length = one past the last non-padding character.
             pos = torch.arange(1, C + 1, device=ids.device)
-            lengths = ((ids != PAD_ID) * pos).amax(dim=1)              # (N,)
+            lengths = ((ids != self.pad_id) * pos).amax(dim=1)         # (N,)
             order = torch.argsort(lengths)
             ids = ids[order]
             bounds = torch.unique_consecutive(lengths[order], return_counts=True)
