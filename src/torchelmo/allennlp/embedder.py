@@ -15,6 +15,7 @@ import torch
 
 from ..bilm import BiLM
 from ..chars import batch_to_ids, sentence_lengths
+from ..embed import engine
 from ..errors import ElmoError
 from ..registry import ALIASES, REGISTRY
 from ..runtime import resolve_cuda_device
@@ -75,11 +76,7 @@ class ElmoEmbedder:
         sentence_lengths(batch, "ElmoEmbedder", allow_empty=True)   # None, a str: one-line errors
         if all(len(s) == 0 for s in batch):          # nothing to run; the carried state is kept
             return [self._empty() for _ in batch]
-        acts, mask = self.batch_to_embeddings(batch)
-        acts = acts.float().cpu().numpy()
-        lengths = mask.sum(1).tolist()
-        return [np.ascontiguousarray(acts[i, :, :n]) if n else self._empty()
-                for i, n in enumerate(lengths)]
+        return engine.embed_batch(self.bilm, batch, "all", None)
 
     def embed_sentences(self, sentences: Iterable[list[str]],
                         batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[np.ndarray]:
