@@ -85,7 +85,7 @@ def sample_batches(n_tokens: int) -> list[list[list[str]]]:
     batches = [[window[r] for r in rows] for rows in batching.batches([len(s) for s in window])]
     total = sum(len(s) for s in window)
     k = max(1, round(total / n_tokens))
-    return batches[k // 2::k]
+    return batches[k // 2::k] or batches[:1]   # at least one batch, however few tokens
 
 
 def embed_all(model: BiLM, batches) -> tuple[float, list[np.ndarray]]:
@@ -156,7 +156,7 @@ def training(steps: int, batch: int, softmax: str) -> dict:
             states[p] = [(c.detach(), h.detach()) for c, h in final]
             if i >= 2:
                 times[p].append(time.perf_counter() - t)
-            losses[p].append(float(loss))
+            losses[p].append(float(loss.detach()))
     tok = batch * 20
     out = {"preset": "small", "softmax": softmax, "batch": f"{batch}x20", "steps_timed": steps,
            "fp32_tokens_per_s": tok / statistics.median(times["fp32"]),

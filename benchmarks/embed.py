@@ -219,7 +219,7 @@ def main(argv=None) -> int:
         # library forms them there: length-sorted, mostly full), about --tokens words in all.
         n_window = sum(len(s) for s in window)
         k = max(1, round(n_window / args.tokens))
-        sample = all_batches[k // 2::k]
+        sample = all_batches[k // 2::k] or all_batches[:1]   # at least one batch, however few --tokens
         dt, ref = time_batches(model, sample, args.repeats)
         record(name, "float32", "window", sample, dt, cfg)
         if not args.no_bf16:

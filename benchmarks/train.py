@@ -13,6 +13,7 @@ mean is used. Data: PTB train (../shared), vocabulary built from it (10k types, 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32, help="BPTT rows")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -104,6 +106,12 @@ def main() -> None:
           f"(per direction; x2 predictions)")
     print(f"effective GFLOP/s: {eff:.1f}   sgemm 2048 GFLOP/s: {sgemm:.1f} (before {g_before:.1f}, after "
           f"{g_after:.1f})   ratio: {eff / sgemm:.1%}  (target >= 35%)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "preset": args.preset, "parameters": lm.num_parameters(), "softmax": type(lm.softmax).__name__,
+            "threads": args.threads, "batch": args.batch, "unroll": 20, "bf16": args.bf16, "steps": len(times),
+            "step_seconds_median": t, "tokens_per_s": tokens / t, "effective_gflops": eff,
+            "sgemm_gflops": sgemm, "ratio_to_sgemm": eff / sgemm}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
