@@ -462,3 +462,53 @@ def test_static_corpus_is_read_as_sentence_files(tmp_path):
     corpus.write_bytes(b"the cat\nthe \xff dog\n")
     with pytest.raises(ElmoError, match=r"c\.txt: line 2: invalid UTF-8 \(byte 0xff at column 5\)"):
         train_static_embeddings([corpus], dim=2, min_count=1, log=lambda m: None)
+
+
+def test_ner_taggers_over_several_seeds_and_paired_differences(tmp_path):
+    # Synthetic inputs of known difficulty: "mix" (3 layers, one of them a noisy code of the gold
+    # tag), "E0" (a noisier code), "static" (noise). Each input is trained once per seed.
+    from torchelmo.probe.ner import TaggerConfig, mean_f1, run_ner
+    rng = np.random.default_rng(1)
+    tags = []
+    for n in (120, 40, 40):
+        split = []
+        for _ in range(n):
+            s = ["O"] * 8
+            k = int(rng.integers(0, 6))
+            s[k], s[k + 1] = "B-person", "I-person"
+            split.append(s)
+        tags.append(split)
+    labels = ["O", "B-person", "I-person"]
+    code = rng.normal(size=(3, 8)).astype(np.float32)
+    ys = [np.array([labels.index(t) for s in split for t in s]) for split in tags]
+    offsets = tuple(np.arange(0, len(y) + 1, 8) for y in ys)
+
+    def noisy(scale, layers=1):
+        return tuple(np.stack([code[y] + scale * rng.normal(size=(len(y), 8)).astype(np.float32)
+                               for _ in range(layers)]) for y in ys)
+    inputs = {"mix": noisy(0.3, 3), "E0": noisy(1.5), "static": tuple(rng.normal(size=(1, len(y), 8)).astype(
+        np.float32) for y in ys)}
+    cfg = TaggerConfig(hidden=16, dropout=0.1, batch_size=16, max_epochs=8, min_epochs=8, lr=2e-2, n_boot=200, seed=5)
+    r = run_ner(inputs, offsets, tuple(tags), cfg, log=lambda m: None, seeds=3)
+    assert r["seeds"] == 3
+    for x in r["inputs"].values():
+        per_seed = [s["f1"] for s in x["seeds"]]
+        assert [s["seed"] for s in x["seeds"]] == [5, 6, 7]
+        assert x["f1"] == pytest.approx(np.mean(per_seed)) and x["f1_sd"] == pytest.approx(np.std(per_seed, ddof=1))
+        assert x["ci"][0] <= x["f1"] <= x["ci"][1]
+    assert len({s["f1"] for s in r["inputs"]["E0"]["seeds"]}) > 1 and r["inputs"]["E0"]["f1_sd"] > 0   # seeds matter
+    assert len(r["inputs"]["mix"]["weights"]) == 3
+    assert r["inputs"]["mix"]["weights"] == pytest.approx(np.mean([s["weights"] for s in r["inputs"]["mix"]["seeds"]], 0))
+    d = r["paired"]["mix-E0"]
+    assert d["diff"] == pytest.approx(r["inputs"]["mix"]["f1"] - r["inputs"]["E0"]["f1"])
+    assert d["ci"][0] <= d["diff"] <= d["ci"][1] and set(r["paired"]) == {"mix-E0", "mix-static", "E0-static"}
+    assert r["inputs"]["mix"]["f1"] > r["inputs"]["static"]["f1"] and r["paired"]["mix-static"]["ci"][0] > 0
+    from torchelmo.probe.report import render, summarize_ner
+    report = render({"ner": summarize_ner(r)}, tmp_path / "report").read_text()
+    assert "mean of 3 seeds" in report and f"| E0 | {100 * r['inputs']['E0']['f1']:.1f}" in report
+    assert f"Paired bootstrap mix - E0: {100 * d['diff']:+.2f}" in report
+    # mean_f1: the mean of each seed's micro F1 over its (tp, fp, fn)
+    c = np.array([4.0, 1.0, 3.0, 2.0, 0.0, 2.0])
+    assert mean_f1(c) == pytest.approx((8 / 12 + 4 / 6) / 2)
+    with pytest.raises(ElmoError, match="seeds must be a positive integer"):
+        run_ner(inputs, offsets, tuple(tags), cfg, log=lambda m: None, seeds=0)

@@ -109,6 +109,9 @@ def add_subcommand(sub) -> None:
         q.add_argument("--ner-limit", type=int, help="first N training sentences (and N/3 dev/test)")
         q.add_argument("--ner-epochs", type=int, default=30,
                        help="tagger training epochs at most (default 30)")
+        q.add_argument("--ner-seeds", type=_positive_int, default=1,
+                       help="taggers trained per input, seeds --seed .. --seed + N - 1; the scores "
+                            "are their mean, with the spread over seeds (default 1)")
 
     q = tasks.add_parser("pos", help="linear POS probes per layer + mix (CoNLL-U)")
     common(q), pos_args(q, True)
@@ -394,6 +397,16 @@ def _wsd(args, models, cache) -> dict:
     return res
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _ner(args, models, cache) -> dict:
     from ..probe.conll import read_conll
     from ..probe.features import extract
@@ -425,7 +438,8 @@ def _ner(args, models, cache) -> dict:
     elif show_summary(args):
         print("ner: no --corpus given: the static-embedding baseline is skipped")
     cfg = TaggerConfig(max_epochs=args.ner_epochs, seed=args.seed, n_boot=args.n_boot)
-    res = summarize_ner(run_ner(inputs, offsets, tuple([s.tags for s in ss] for ss in sets), cfg))
+    res = summarize_ner(run_ner(inputs, offsets, tuple([s.tags for s in ss] for ss in sets), cfg,
+                                seeds=args.ner_seeds))
     res["static_embeddings"] = static_info
     res["data"] = {"train": str(args.ner_train), "dev": str(args.ner_dev), "test": str(args.ner_test),
                    "limit": lim}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..mix import ScalarMix
 from ..text import read_sentences
 from .common import Standardize, fit_early_stopped
 from .conll import bio_spans
-from .stats import bootstrap_ci, f1_from_counts
+from .stats import bootstrap_ci, f1_from_counts, paired_diff_ci
 
 # -- static embeddings ---------------------------------------------------------------------------
 
@@ -229,35 +229,76 @@ def encode_bio(*splits) -> tuple[list[str], list[np.ndarray]]:
     return labels, [np.array([index[t] for s in ss for t in s], dtype=np.int64) for ss in splits]
 
 
+def mean_f1(c: np.ndarray) -> np.ndarray:
+    """The mean over seeds of micro F1: ``c[..., 3k:3k + 3]`` holds seed k's (tp, fp, fn)."""
+    return np.mean([f1_from_counts(c[..., k:k + 3]) for k in range(0, c.shape[-1], 3)], axis=0)
+
+
+# Differences the downstream claim rests on: what the contextual layers add over E0 alone and over
+# static vectors (b - a, a paired bootstrap over test sentences of the seed-mean F1).
+PAIRS = (("E0", "mix"), ("static", "mix"), ("static", "E0"))
+
+
 def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offsets: tuple, tags: tuple,
-            cfg: TaggerConfig | None = None, log: Callable[[str], None] = print) -> dict:
-    """Train and score the tagger once per input.
+            cfg: TaggerConfig | None = None, log: Callable[[str], None] = print, seeds: int = 1) -> dict:
+    """Train and score the tagger ``seeds`` times per input (seeds ``cfg.seed`` .. ``cfg.seed +
+    seeds - 1``: initialisation, dropout and batch order).
 
     ``inputs``: name -> (train, dev, test) feature arrays, each ``(L, N, F)``; ``offsets``: the
     (train, dev, test) sentence offsets; ``tags``: the (train, dev, test) BIO tag lists.
+
+    Per input: ``f1`` the mean over seeds of the test entity F1, ``ci`` its bootstrap interval
+    over test sentences, ``f1_sd`` the spread over seeds, ``seeds`` each seed's own scores;
+    ``paired``: :data:`PAIRS`' differences with paired intervals.
     """
     cfg = cfg or TaggerConfig()
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ElmoError(f"ner: seeds must be a positive integer, got {seeds!r}")
     labels, ys = encode_bio(*tags)
-    res: dict = {"labels": labels, "config": asdict(cfg), "inputs": {}}
+    res: dict = {"labels": labels, "config": asdict(cfg), "seeds": seeds, "inputs": {}, "paired": {}}
     n_ent = sum(len(bio_spans(s)) for s in tags[2])
     res["n_test_entities"] = n_ent
     res["n_test_sentences"] = len(tags[2])
+    counts_of: dict[str, np.ndarray] = {}
     for name, arrays in inputs.items():
         data = []
         for split, x, off, y in zip(("train", "dev", "test"), arrays, offsets, ys):
             if x.ndim != 3 or x.shape[1] != len(y) or off[-1] != len(y):
                 raise ElmoError(f"ner: {name} {split} features {x.shape} do not match {len(y)} tokens")
             data.append(TaggingData(x, off, y))
-        model, info = train_tagger(data[0], data[1], labels, cfg, log, name)
-        counts = entity_counts(tag(model, data[2]), data[2], labels)
-        f1, lo, hi = bootstrap_ci(counts, f1_from_counts, cfg.n_boot, seed=cfg.seed)
-        tp, fp, fn = counts.sum(0)
-        r = {"f1": f1, "ci": [lo, hi], "precision": float(tp / max(tp + fp, 1)),
-             "recall": float(tp / max(tp + fn, 1)), **info}
-        if model.mix is not None:
-            r["weights"], r["gamma"] = model.mix.weights(), model.mix.gamma_value()
+        runs, counts = [], []
+        for k in range(seeds):
+            seed_cfg = replace(cfg, seed=cfg.seed + k)
+            model, info = train_tagger(data[0], data[1], labels, seed_cfg, log,
+                                       name if seeds == 1 else f"{name} seed {seed_cfg.seed}")
+            c = entity_counts(tag(model, data[2]), data[2], labels)
+            f1, lo, hi = bootstrap_ci(c, f1_from_counts, cfg.n_boot, seed=cfg.seed)
+            tp, fp, fn = c.sum(0)
+            run = {"seed": seed_cfg.seed, "f1": f1, "ci": [lo, hi], "precision": float(tp / max(tp + fp, 1)),
+                   "recall": float(tp / max(tp + fn, 1)), **info}
+            if model.mix is not None:
+                run["weights"], run["gamma"] = model.mix.weights(), model.mix.gamma_value()
+            runs.append(run)
+            counts.append(c)
+        counts_of[name] = np.concatenate(counts, axis=1)                     # (sentences, 3 x seeds)
+        f1, lo, hi = bootstrap_ci(counts_of[name], mean_f1, cfg.n_boot, seed=cfg.seed)
+        r = {"f1": f1, "ci": [lo, hi], "f1_sd": float(np.std([x["f1"] for x in runs], ddof=1)) if seeds > 1 else 0.0,
+             "precision": float(np.mean([x["precision"] for x in runs])),
+             "recall": float(np.mean([x["recall"] for x in runs])),
+             **{k: runs[0][k] for k in ("dev_f1", "best_epoch", "epochs")}}
+        if "weights" in runs[0]:
+            r["weights"] = np.mean([x["weights"] for x in runs], axis=0).tolist()
+            r["gamma"] = float(np.mean([x["gamma"] for x in runs]))
+        if seeds > 1:
+            r["seeds"] = runs
         res["inputs"][name] = r
+        spread = f", sd over {seeds} seeds {r['f1_sd']:.4f}" if seeds > 1 else ""
         log(f"ner: {name} test entity F1 {f1:.4f} [{lo:.4f}, {hi:.4f}] (P {r['precision']:.3f}, "
-            f"R {r['recall']:.3f})" + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}"
-                                       if "weights" in r else ""))
+            f"R {r['recall']:.3f}{spread})" + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}"
+                                               if "weights" in r else ""))
+    for a, b in PAIRS:
+        if a in counts_of and b in counts_of:
+            d, lo, hi = paired_diff_ci(counts_of[a], counts_of[b], mean_f1, cfg.n_boot, seed=cfg.seed)
+            res["paired"][f"{b}-{a}"] = {"diff": d, "ci": [lo, hi]}
+            log(f"ner: {b} - {a}: {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired over test sentences)")
     return res

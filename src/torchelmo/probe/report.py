@@ -99,6 +99,11 @@ def summarize_ner(res: dict) -> dict:
     if "mix" in res["inputs"]:
         out["mix_weights"] = res["inputs"]["mix"]["weights"]
         out["gamma"] = res["inputs"]["mix"]["gamma"]
+    if res.get("paired"):
+        out["paired"] = res["paired"]       # mix - E0, mix - static, E0 - static
+    if res.get("seeds", 1) > 1:
+        out["seeds"] = res["seeds"]
+        out["sd"] = {name: r["f1_sd"] for name, r in res["inputs"].items()}
     out["details"] = res
     return out
 
@@ -264,8 +269,18 @@ def render(results: dict, out_dir: Path) -> Path:
         s = results["ner"]
         if plots:
             _ner_plot(s, out_dir / "ner.png")
-        lines += ["## NER (WNUT-17 test entity F1, %)", "", "| input | F1 |", "|---|---|"]
-        lines += [f"| {n} | {_fmt(s[n], s['intervals'][n])} |" for n in s["intervals"]]
+        seeds = s.get("seeds", 1)
+        if seeds > 1:
+            lines += [f"## NER (WNUT-17 test entity F1, %; mean of {seeds} seeds)", "",
+                      "| input | F1 | sd over seeds |", "|---|---|---|"]
+            lines += [f"| {n} | {_fmt(s[n], s['intervals'][n])} | {100 * s['sd'][n]:.2f} |" for n in s["intervals"]]
+        else:
+            lines += ["## NER (WNUT-17 test entity F1, %)", "", "| input | F1 |", "|---|---|"]
+            lines += [f"| {n} | {_fmt(s[n], s['intervals'][n])} |" for n in s["intervals"]]
+        if s.get("paired"):
+            lines.append("")
+            lines += [f"Paired bootstrap {name.replace('-', ' - ')}: {100 * r['diff']:+.2f} "
+                      f"[{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points." for name, r in s["paired"].items()]
         if "mix_weights" in s:
             lines += ["", f"Mix weights softmax(s) = {[round(w, 3) for w in s['mix_weights']]}, "
                       f"gamma = {s['gamma']:.3f}."]
