@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 
-EXTRAS_NEEDED = ("triton",)   # and ../shared (UD EWT, the PTB sample), which the scripts read
+EXTRAS_NEEDED = ("triton", "onnxruntime")   # and ../shared (UD EWT, the PTB sample), which the scripts read
 
 # script -> quick arguments; "{json}" is where its figures go ("" where it writes none).
 QUICK = {
@@ -22,6 +22,8 @@ QUICK = {
                          "--train-steps", "1", "--train-batch", "4", "--train-softmax", "adaptive",
                          "--no-emulate", "--no-matmuls", "--out", "{json}"],
     "train.py": ["--steps", "1", "--batch", "2", "--threads", "1", "--json", "{json}"],
+    "export.py": ["--models", "default", "--threads", "1", "--sentences", "8", "--batch", "4", "--rounds", "1",
+                  "--out", "{json}"],
     # The GPU scripts on the CPU: the same code paths, without the Triton kernels.
     "gpu.py": ["--quick", "--device", "cpu", "--out", "{json}"],
     "precision.py": ["--device", "cpu", "--sentences", "4", "--out", "{json}"],

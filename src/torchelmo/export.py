@@ -8,8 +8,10 @@ compilers accept:
 
 * the char-CNN as plain convolutions with a max over positions (the eager encoder's
   deduplication, length grouping and ``unfold`` have no ONNX or TorchScript form);
-* each LSTM direction as one loop over time for the whole batch, rows past their length kept
-  frozen by a mask (the eager path's length-sorted, shrinking batch needs Python-side lengths).
+* both LSTM directions as one loop over time for the whole batch, every row running every step
+  (the eager path's length-sorted, shrinking batch needs Python-side lengths): a row's valid
+  steps are a prefix, so what it computes past its length reaches no valid output and is zeroed
+  at the end, and the loop body needs no per-step masking.
 
 The module is compiled with ``torch.jit.script``, so the time loop stays a loop. ONNX goes
 through the TorchScript-based exporter (``dynamo=False``), which turns that scripted loop into
@@ -35,6 +37,7 @@ from torch import nn
 from . import weights
 from .bilm import BiLM
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
+from .encoder import PAD_ID
 from .errors import ElmoError
 from .fileio import atomic_path, write_error
 from .lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
@@ -50,13 +53,16 @@ MIN_OPSET, MAX_OPSET = 13, 20
 
 class _LstmLayer(nn.Module):
     """One layer, both directions: ``w_x (2, in, 4D)``, ``w_h (2, P, 4D)``, ``bias (2, 4D)``
-    (forget bias folded in), ``w_p (2, D, P)``."""
+    (forget bias folded in), ``w_p (2, D, P)``. The gate columns are reordered from the model's
+    ``[i, j, f, o]`` to ``[i, f, o, j]``, so that one sigmoid and one tanh cover a step's gates."""
 
     def __init__(self, w0: torch.Tensor, b: torch.Tensor, w_p: torch.Tensor, in_dim: int) -> None:
         super().__init__()
         D = w_p.shape[1]
         b = b.clone()
         b[:, 2 * D:3 * D] += FORGET_BIAS
+        order = torch.cat([torch.arange(0, D), torch.arange(2 * D, 4 * D), torch.arange(D, 2 * D)])
+        w0, b = w0[..., order], b[..., order]
         self.w_x = nn.Parameter(w0[:, :in_dim].contiguous())
         self.w_h = nn.Parameter(w0[:, in_dim:].contiguous())
         self.bias = nn.Parameter(b)
@@ -67,7 +73,8 @@ class ExportableBiLM(nn.Module):
     """The biLM's inference computation, scriptable and exportable (float32, zero initial state)."""
 
     # Constants to the compiler: the branches on them are resolved at compile time.
-    __constants__ = ("cell_clip", "proj_clip", "use_cell_clip", "use_proj_clip", "skip", "relu", "n_filters")
+    __constants__ = ("cell_clip", "proj_clip", "use_cell_clip", "use_proj_clip", "skip", "relu", "n_filters",
+                     "widest", "pad_id")
 
     def __init__(self, bilm: BiLM) -> None:
         super().__init__()
@@ -81,6 +88,8 @@ class ExportableBiLM(nn.Module):
         self.skip = bool(cfg.use_skip_connections)
         self.relu = cfg.activation == "relu"
         self.n_filters = n
+        self.widest = max(w for w, _ in cfg.filters)
+        self.pad_id = PAD_ID
         # Row 0 (a padded token position's id) stays zero, as in the eager model.
         self.char_embed = nn.Parameter(torch.cat([torch.zeros(1, E), a["char_embed"]]))
         self.convs = nn.ModuleList()
@@ -111,8 +120,14 @@ class ExportableBiLM(nn.Module):
         self.eval()
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """``(N, 50)`` char ids -> ``(N, P)`` token embeddings."""
-        x = F.embedding(ids, self.char_embed).transpose(1, 2)        # (N, E, 50)
+        """``(N, 50)`` char ids of tokens -> ``(N, P)`` token embeddings.
+
+        The convolutions run over the first ``longest token + widest filter`` positions only: the
+        windows cut off hold nothing but padding, and each width keeps at least one such window,
+        so every max is the full row's (as the eager encoder, which computes that window once)."""
+        longest = ((ids != self.pad_id) & (ids > 0)).sum(dim=1).max()
+        ids = ids[:, :int(torch.clamp(longest + self.widest, max=ids.shape[1]))]
+        x = F.embedding(ids, self.char_embed).transpose(1, 2)        # (N, E, C')
         pooled = [conv(x).amax(dim=-1) for conv in self.convs]
         h = torch.cat(pooled, dim=-1)
         h = torch.relu(h) if self.relu else torch.tanh(h)
@@ -122,54 +137,63 @@ class ExportableBiLM(nn.Module):
             h = g * torch.relu(y[:, :self.n_filters]) + (1.0 - g) * h
         return self.proj(h)
 
-    def run_layer(self, layer: _LstmLayer, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """``x (2, B, S, in)`` -> ``(2, B, S, P)``; ``valid (1, B, S, 1)``: steps past a row's
-        length leave its state as it was and output zeros."""
+    def run_layer(self, layer: _LstmLayer, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``x (2, B, S, in)`` -> ``(2, B, S, P)``, zeros past each row's length; rows sorted by
+        ``lengths (B,)``, longest first. Step t runs only the rows still going (a prefix of the
+        batch, shrinking as rows end), as the eager path does; both directions' inputs are in
+        reading order with padding last, so a row's valid steps are a prefix."""
         B, S = x.shape[1], x.shape[2]
         D, P = layer.w_p.shape[1], layer.w_p.shape[2]
-        xw = torch.matmul(x, layer.w_x.unsqueeze(1)) + layer.bias.view(2, 1, 1, 4 * D)  # (2, B, S, 4D)
+        # Time-major, so that a step's inputs are one contiguous block.
+        xw = torch.matmul(x.permute(2, 0, 1, 3), layer.w_x) + layer.bias.view(1, 2, 1, 4 * D)  # (S, 2, B, 4D)
+        running = (lengths.unsqueeze(0) > torch.arange(S, device=x.device).unsqueeze(1)).sum(1)   # (S,)
         c = x.new_zeros(2, B, D)
         h = x.new_zeros(2, B, P)
         steps: list[torch.Tensor] = []
         for t in range(S):
-            z = xw[:, :, t] + torch.bmm(h, layer.w_h)
-            i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
-            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
+            n = int(running[t])
+            c, h = c[:, :n], h[:, :n]
+            z = torch.baddbmm(xw[t, :, :n], h, layer.w_h)
+            sig_tanh = torch.split(z, [3 * D, D], dim=-1)               # one Split, not four Slices
+            gates = torch.sigmoid(sig_tanh[0]).chunk(3, dim=-1)        # i, f, o
+            c = gates[1] * c + gates[0] * torch.tanh(sig_tanh[1])
             if self.use_cell_clip:
-                c_new = c_new.clamp(-self.cell_clip, self.cell_clip)
-            h_new = torch.bmm(torch.sigmoid(o) * torch.tanh(c_new), layer.w_p)
+                c = c.clamp(-self.cell_clip, self.cell_clip)
+            h = torch.bmm(gates[2] * torch.tanh(c), layer.w_p)
             if self.use_proj_clip:
-                h_new = h_new.clamp(-self.proj_clip, self.proj_clip)
-            m = valid[:, :, t]                                       # (1, B, 1)
-            c = torch.where(m, c_new, c)
-            h = torch.where(m, h_new, h)
-            steps.append(h_new * m.to(h_new.dtype))
+                h = h.clamp(-self.proj_clip, self.proj_clip)
+            steps.append(F.pad(h, [0, 0, 0, B - n]))
         return torch.stack(steps, dim=2)
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, T, C = char_ids.shape
         mask = char_ids[:, :, 0] > 0
-        lengths = mask.sum(dim=1)
+        # Longest row first (the recurrence then runs a shrinking prefix of rows); restored at the end.
+        lengths, order = torch.sort(mask.sum(dim=1), descending=True)
+        char_ids = char_ids.index_select(0, order)
         # <S> first, </S> after each row's last token, padding after that.
         pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)          # (1, T + 2)
         ids = torch.cat([self.bos.view(1, 1, C).expand(B, 1, C), char_ids,
                          char_ids.new_zeros(B, 1, C)], dim=1)
         ids = torch.where((pos == (lengths + 1).unsqueeze(1)).unsqueeze(-1), self.eos.view(1, 1, C), ids)
         full = pos < (lengths + 2).unsqueeze(1)                                  # (B, T + 2)
-        e = self.encode(ids.reshape(-1, C)).view(B, T + 2, -1) * full.unsqueeze(-1).to(torch.float32)
+        # Only real positions go through the char-CNN; padding positions take a zero row.
+        valid = full.reshape(-1)
+        enc = self.encode(ids.reshape(-1, C).index_select(0, valid.nonzero().squeeze(1)))   # (V, P)
+        slot = torch.where(valid, valid.long().cumsum(0) - 1, torch.full_like(valid, enc.shape[0], dtype=torch.long))
+        e = torch.cat([enc, enc.new_zeros(1, enc.shape[1])]).index_select(0, slot).view(B, T + 2, -1)
         # Each row reversed within its own length: the backward LM's reading order (an involution).
         L = (lengths + 2).unsqueeze(1)
         rev = torch.where(pos < L, L - 1 - pos, pos).unsqueeze(-1).expand(B, T + 2, e.shape[-1])
         x = torch.stack([e, e.gather(1, rev)])                                     # (2, B, T + 2, P)
-        valid = full.view(1, B, T + 2, 1)
         layers = [torch.cat([e, e], dim=-1)]
         for k, layer in enumerate(self.lstm):
-            out = self.run_layer(layer, x, valid)
+            out = self.run_layer(layer, x, lengths + 2)
             if self.skip and k > 0:
                 out = out + x
             layers.append(torch.cat([out[0], out[1].gather(1, rev)], dim=-1))
             x = out
-        stack = torch.stack(layers)[:, :, 1:T + 1]
+        stack = torch.stack(layers)[:, :, 1:T + 1].index_select(1, torch.argsort(order))
         # unsqueeze, not view(1, B, T, 1): in ONNX a 0 in a reshape target copies the input's size.
         return stack * mask.unsqueeze(0).unsqueeze(-1).to(stack.dtype), mask
 
