@@ -1,4 +1,5 @@
-"""torchelmo.probe.coref: the LitBank reader, the split by novel, mention pairs, the pair probe."""
+"""torchelmo.probe.litbank (the LitBank reader, the split by novel) and torchelmo.probe.coref (mention
+pairs, the pair probe)."""
 
 import json
 import random
@@ -8,19 +9,14 @@ import pytest
 
 from conftest import SHARED
 from torchelmo import ElmoError
-from torchelmo.probe.coref import (
-    CorefConfig,
+from torchelmo.probe.coref import CorefConfig, build_pairs, head_match, probe_coref, run_coref, unit_counts
+from torchelmo.probe.litbank import (
     CorefDocument,
     Mention,
-    build_pairs,
-    head_match,
     part_sizes,
-    probe_coref,
     read_litbank,
     read_litbank_file,
-    run_coref,
     split_documents,
-    unit_counts,
 )
 from torchelmo.probe.stats import f1_from_counts
 

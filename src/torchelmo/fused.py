@@ -438,14 +438,13 @@ def lstm_layer_fused(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, preci
 
 
 def fused_state_dtype(layer) -> torch.dtype:
-    """The fused path's state and accumulation dtype: fp32 (fp64 for gradient checks), whatever
-    autocast or a bfloat16 model hands in; reduced precision is the kernels' matmul operands only."""
+    """State and accumulation dtype: fp32 (fp64 for gradient checks), whatever autocast or a bf16
+    model hands in (reduced precision is the kernels' matmul operands only)."""
     return torch.float64 if layer.w_x.dtype == torch.float64 else torch.float32
 
 
 def device_lengths(lengths: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Row lengths as int32 on ``device``, where the fused kernels read them; a list goes over
-    from pinned memory, without holding up the host."""
+    """Row lengths as int32 on ``device`` for the kernels; a list goes over from pinned memory."""
     if isinstance(lengths, torch.Tensor):
         return lengths.to(device=device, dtype=torch.int32)
     return copy_to(torch.tensor(lengths, dtype=torch.int32), device)
