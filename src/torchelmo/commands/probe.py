@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from ..errors import ElmoError
-from ..precision import CHOICES as PRECISION_CHOICES
-from ..precision import PRECISION_HELP
-from ..runtime import add_device_args, add_quiet_args, apply_device_args, show_progress, show_summary
+from ..runtime import apply_device_args, show_progress, show_summary
+from . import probe_options as options
 
 DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
     "pos": ["pos/ud-english-ewt/en_ewt-ud-train.conllu", "pos/ud-english-ewt/en_ewt-ud-dev.conllu",
@@ -40,90 +39,17 @@ def add_subcommand(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
 
-    def common(q):
-        q.add_argument("--model", required=True, help="model directory or published name")
-        q.add_argument("--out", type=Path, required=True,
-                       help="output folder for results.json, report.md and the plots (required: "
-                            "there is no default, so no run overwrites a committed report)")
-        q.add_argument("--cache", type=Path, help="feature cache folder (default $ELMO_PROBE_CACHE, "
-                                                  "else ~/.cache/elmo/probe)")
-        q.add_argument("--no-control", action="store_true", help="skip the random-weights control")
-        q.add_argument("--control-seed", type=int, default=0,
-                       help="seed of the random-weights control model (default 0)")
-        q.add_argument("--seed", type=int, default=0, help="seed of the probes' training (default 0)")
-        add_device_args(q)
-        q.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32", help=PRECISION_HELP)
-        q.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per biLM batch")
-        q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
-        add_quiet_args(q)
-
-    def probe_args(q):
-        q.add_argument("--limit", type=int, help="use the first N training sentences (and N/4 dev/test)")
-        q.add_argument("--max-epochs", type=int, default=40,
-                       help="probe training epochs at most (default 40)")
-
-    def ud_args(q, required):
-        q.add_argument("--train", type=Path, required=required, help="CoNLL-U training file")
-        q.add_argument("--dev", type=Path, required=required, help="CoNLL-U development file")
-        q.add_argument("--test", type=Path, required=required, help="CoNLL-U test file")
-
-    def pos_args(q, required):
-        ud_args(q, required)
-        q.add_argument("--tagset", choices=["upos", "xpos"], default="upos",
-                       help="which tag column to predict (default upos)")
-        probe_args(q)
-
-    def wsj_args(q):
-        q.add_argument("--treebank", type=Path,
-                       help="NLTK's treebank.zip (the WSJ sample; default: under --data)")
-
-    def coref_args(q):
-        q.add_argument("--litbank", type=Path, help="LitBank's coreference folder (*_brat.conll; default: "
-                                                    "under --data)")
-        q.add_argument("--limit-docs", type=int, help="use a part of each split's novels (at least one each)")
-        q.add_argument("--coref-epochs", type=int, default=20, help="probe training epochs at most (default 20)")
-
-    def data_arg(q, what):
-        q.add_argument("--data", type=Path, help=f"folder in the layout of ../shared/data: {what} "
-                                                 "default to the files under it")
-
-    def wsd_args(q, required):
-        q.add_argument("--semcor", type=Path, required=required, help="SemCor *.data.xml[.gz]")
-        q.add_argument("--semcor-key", type=Path, help="its gold keys (default: beside it)")
-        q.add_argument("--eval", type=Path, required=required, help="Raganato ALL.data.xml (keys beside)")
-        q.add_argument("--sense-index", type=Path, required=required, help="WordNet 3.0 index.sense")
-        q.add_argument("--dev-prefix", default="semeval2007.", help="ids of the dev part of --eval")
-        q.add_argument("--limit-semcor", type=int, help="use the first N SemCor sentences")
-        q.add_argument("--mix-epochs", type=int, default=4,
-                       help="epochs of learning the scalar mix of the layers (default 4)")
-
-    def ner_args(q, required):
-        q.add_argument("--ner-train", type=Path, required=required, help="WNUT-17 training CoNLL")
-        q.add_argument("--ner-dev", type=Path, required=required, help="WNUT-17 development CoNLL")
-        q.add_argument("--ner-test", type=Path, required=required, help="WNUT-17 test CoNLL")
-        q.add_argument("--corpus", nargs="+", type=Path,
-                       help="text the biLM was trained on (one sentence per line), for the static "
-                            "SVD-PPMI embeddings; without it the static baseline is skipped")
-        q.add_argument("--static-dim", type=int, default=300,
-                       help="dimension of the static SVD-PPMI embeddings (default 300)")
-        q.add_argument("--ner-limit", type=int, help="first N training sentences (and N/3 dev/test)")
-        q.add_argument("--ner-epochs", type=int, default=30,
-                       help="tagger training epochs at most (default 30)")
-        q.add_argument("--ner-seeds", type=_positive_int, default=1,
-                       help="taggers trained per input, seeds --seed .. --seed + N - 1; the scores "
-                            "are their mean, with the spread over seeds (default 1)")
-
     q = tasks.add_parser("pos", help="linear POS probes per layer + mix (CoNLL-U)")
-    common(q), pos_args(q, True)
+    options.common_args(q), options.pos_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["pos"]))
     q = tasks.add_parser("pos-wsj", help="linear POS probes per layer + mix on the WSJ sample (PTB tags)")
-    common(q), wsj_args(q), probe_args(q), data_arg(q, "--treebank")
+    options.common_args(q), options.wsj_args(q), options.probe_args(q), options.data_arg(q, "--treebank")
     q.set_defaults(func=lambda a: _run(a, ["pos_wsj"]))
     q = tasks.add_parser("deps", help="dependency arc (UAS) and label probes per layer + mix (CoNLL-U)")
-    common(q), ud_args(q, False), probe_args(q), data_arg(q, "--train/--dev/--test (UD EWT)")
+    options.common_args(q), options.ud_args(q, False), options.probe_args(q), options.data_arg(q, "--train/--dev/--test (UD EWT)")
     q.set_defaults(func=lambda a: _run(a, ["deps"]))
     q = tasks.add_parser("tag", help="linear tag probes per layer + mix on any token-per-line file")
-    common(q)
+    options.common_args(q)
     q.add_argument("tag_train", type=Path, metavar="TRAIN", help="training file: one token per line, "
                    "whitespace-separated columns, a blank line between sentences, '#' lines skipped")
     q.add_argument("tag_test", type=Path, metavar="TEST", help="test file, the same columns")
@@ -132,19 +58,19 @@ def add_subcommand(sub) -> None:
     q.add_argument("--dev", dest="tag_dev", type=Path, metavar="FILE",
                    help="development file (default: the last 10%% of TRAIN's sentences)")
     q.add_argument("--name", help="results key tag:NAME (default: tag)")
-    probe_args(q)
+    options.probe_args(q)
     q.set_defaults(func=lambda a: _run(a, [f"tag:{a.name}" if a.name else "tag"]))
     q = tasks.add_parser("wsd", help="1-NN WSD with SemCor sense vectors, per layer + mix")
-    common(q), wsd_args(q, True)
+    options.common_args(q), options.wsd_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["wsd"]))
     q = tasks.add_parser("coref", help="LitBank mention-pair coreference probes per layer + mix")
-    common(q), coref_args(q), data_arg(q, "--litbank")
+    options.common_args(q), options.coref_args(q), options.data_arg(q, "--litbank")
     q.set_defaults(func=lambda a: _run(a, ["coref"]))
     q = tasks.add_parser("ner", help="WNUT-17 BiLSTM tagger: mix vs E0 vs static embeddings")
-    common(q), ner_args(q, True)
+    options.common_args(q), options.ner_args(q, True)
     q.set_defaults(func=lambda a: _run(a, ["ner"]))
     q = tasks.add_parser("all", help=f"{', '.join(ALL_TASKS)} on the data sets under --data")
-    common(q), pos_args(q, False), wsj_args(q), wsd_args(q, False), coref_args(q), ner_args(q, False)
+    options.common_args(q), options.pos_args(q, False), options.wsj_args(q), options.wsd_args(q, False), options.coref_args(q), options.ner_args(q, False)
     q.add_argument("--data", type=Path, required=True,
                    help="folder in the layout of ../shared/data (pos/, text/nltk/, wsd/, ner/)")
     q.add_argument("--tasks", default=",".join(ALL_TASKS),
@@ -397,14 +323,6 @@ def _wsd(args, models, cache) -> dict:
     return res
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _ner(args, models, cache) -> dict:

@@ -217,6 +217,23 @@ def neighbour_heads(offsets: np.ndarray, side: int) -> np.ndarray:
     return np.where((head >= 1) & (head <= np.repeat(lengths, lengths)), head, 0)
 
 
+def _check_inputs(features: tuple[Features, Features, Features],
+                  trees: tuple[Sequence[DepSentence], Sequence[DepSentence], Sequence[DepSentence]]) -> None:
+    for name, f, ts in zip(("train", "dev", "test"), features, trees):
+        n = sum(len(s.heads) for s in ts)
+        if f.offsets is None or f.n != n or len(f.offsets) != len(ts) + 1:
+            raise ElmoError(f"deps: {name} features ({f.n} rows) do not match its trees "
+                            f"({len(ts)} sentences, {n} words)")
+
+
+def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
+    what = "UAS" if task == "uas" else "label acc"
+    log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
+        f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']})"
+        + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}"
+           if "weights" in r else ""))
+
+
 def run_deps(train: Features, dev: Features, test: Features,
              trees: tuple[Sequence[DepSentence], Sequence[DepSentence], Sequence[DepSentence]],
              cfg: DepsConfig | None = None, log: Callable[[str], None] = print,
@@ -228,11 +245,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     (with ``weights`` and ``gamma``).
     """
     cfg = cfg or DepsConfig()
-    for name, f, ts in (("train", train, trees[0]), ("dev", dev, trees[1]), ("test", test, trees[2])):
-        n = sum(len(s.heads) for s in ts)
-        if f.offsets is None or f.n != n or len(f.offsets) != len(ts) + 1:
-            raise ElmoError(f"deps: {name} features ({f.n} rows) do not match its trees "
-                            f"({len(ts)} sentences, {n} words)")
+    _check_inputs((train, dev, test), trees)
     rels = sorted({universal(r) for s in trees[0] for r in s.rels})
     if len(rels) < 2:
         raise ElmoError(f"deps: the training set has {len(rels)} distinct relation(s); need at least 2")
@@ -266,13 +279,6 @@ def run_deps(train: Features, dev: Features, test: Features,
             return ArcScorer(encoder, F, cfg.rank)
         return LabelScorer(encoder, F, len(rels))
 
-    def show(task: str, name: str, r: dict) -> None:
-        what = "UAS" if task == "uas" else "label acc"
-        log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
-            f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']})"
-            + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}"
-               if "weights" in r else ""))
-
     for k in layers:
         x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
         norm = Standardize.fit(x_tr)   # fixed statistics: the two probes may share it
@@ -281,7 +287,7 @@ def run_deps(train: Features, dev: Features, test: Features,
             info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
             r = {**score(task, evaluate(model, x_te, d_te), names[k]), **info}
             res[task]["layers"][names[k]] = r
-            show(task, names[k], r)
+            _show(log, task, names[k], r)
     for task in TASKS:
         if "E1" in unit_counts[task] and "E2" in unit_counts[task]:
             d, lo, hi = paired_diff_ci(unit_counts[task]["E1"], unit_counts[task]["E2"], accuracy_from_counts,
@@ -299,5 +305,5 @@ def run_deps(train: Features, dev: Features, test: Features,
             r = {**score(task, evaluate(model, x_te, d_te, token_axis=1)), **info,
                  "weights": mx.weights(), "gamma": mx.gamma_value()}
             res[task]["mix"] = r
-            show(task, "mix", r)
+            _show(log, task, "mix", r)
     return res
