@@ -63,8 +63,10 @@ def run_dir(cfg: dict) -> Path:
     return (ROOT / cfg["out_dir"]).resolve()
 
 
-def sh(cmd: list[str], log: Path | None = None) -> None:
-    """Run ``cmd`` from the repository root, echoing (and appending to ``log``) its output."""
+def sh(cmd: list[str], log: Path | None = None, stopped_ok: bool = False) -> int:
+    """Run ``cmd`` from the repository root, echoing (and appending to ``log``) its output.
+    ``stopped_ok``: exit 130/143 (``elmo train`` stopped by SIGINT/SIGTERM, checkpoint written)
+    is returned, not an error."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(log, "a", encoding="utf-8") if log else open(os.devnull, "w") as f:
@@ -72,8 +74,9 @@ def sh(cmd: list[str], log: Path | None = None) -> None:
             sys.stderr.write(line)
             f.write(line)
             f.flush()
-    if proc.wait() != 0:
+    if proc.wait() != 0 and not (stopped_ok and proc.returncode in (130, 143)):
         sys.exit(f"science.py: {' '.join(cmd[:4])} failed (exit {proc.returncode})")
+    return proc.returncode
 
 
 def prepare(cfg: dict) -> None:
@@ -130,7 +133,7 @@ def train(args) -> int:
            "--time-limit", str(args.minutes)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    sh(cmd, log=run / "train.log")
+    rc = sh(cmd, log=run / "train.log", stopped_ok=True)   # a signal stops the chunk with a checkpoint
     after, valid = checkpoint_progress(run), validations(run)
     threads = args.threads or cfg.get("threads")
     chunk = {"started": started.isoformat(timespec="seconds"), "wall_seconds": round(time.monotonic() - t0, 1),
@@ -139,6 +142,8 @@ def train(args) -> int:
              "train_seconds": round(after["seconds"] - before["seconds"], 1),
              "tokens_per_s": round((after["tokens"] - before["tokens"]) / max(1e-9, after["seconds"] - before["seconds"]), 1),
              "validations": valid[n_valid:]}
+    if rc:
+        chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(chunk) + "\n")
     if len(valid) > n_valid and (run / "best").is_dir():
