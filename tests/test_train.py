@@ -291,7 +291,7 @@ def test_init_from_continues_with_new_vocab(tmp_path, fixture_corpus, ptb_slice)
 
 def test_grad_accum_bound_keeps_micro_batch_seeds_distinct(tmp_path, fixture_corpus):
     from torchelmo.train import MAX_GRAD_ACCUM
-    from torchelmo.train.trainer import micro_seed
+    from torchelmo.train.step import micro_seed
     data, vocab = fixture_corpus
     with pytest.raises(ElmoError, match=f"grad_accum must be at most {MAX_GRAD_ACCUM}"):
         base_config(tmp_path, data, vocab, grad_accum=MAX_GRAD_ACCUM + 1)

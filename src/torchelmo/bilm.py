@@ -17,8 +17,7 @@ the next batch (rows beyond the stored ones start from zero); :meth:`reset_state
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +25,13 @@ import torch
 import torch.nn as nn
 
 from . import hub, registry, weights
-from .backend import check_backend, resolve_backend
+from .backend import resolve_backend
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
+from .compute import ComputeSettings
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder, plan_tokens
 from .errors import ElmoError
 from .lstm import BiLstmLayer
-from .precision import Precision, check_precision, resolve_precision
 from .runtime import check_allocation, copy_to
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: c (2, B, D), h (2, B, P)
@@ -156,7 +155,7 @@ def _row_order(lengths: torch.Tensor, fused: bool):
     return rows, unsort, lengths[order].tolist()
 
 
-class BiLM(nn.Module):
+class BiLM(nn.Module, ComputeSettings):
     def __init__(self, config: ElmoConfig, stateful: bool = False,
                  regularisation: Regularisation | None = None, precision: str = "fp32",
                  backend: str | None = None) -> None:
@@ -169,54 +168,7 @@ class BiLM(nn.Module):
         self.stateful = stateful
         self.regularisation = regularisation or Regularisation()   # applied in training mode only
         self._state: State | None = None
-        self._resolved: Precision | None = None
-        self._in_scope = False
-        self.precision = precision   # see torchelmo.precision; settable at any time
-        self.backend = backend       # see torchelmo.backend; None: its default; settable at any time
-
-    # -- precision -------------------------------------------------------------------------------
-    @property
-    def precision(self) -> str:
-        """``fp32``, ``tf32``, ``bf16`` or ``auto`` (see :mod:`torchelmo.precision`)."""
-        return self._precision
-
-    @precision.setter
-    def precision(self, value: str) -> None:
-        self._precision = check_precision(value)
-        self._resolved = None
-
-    @property
-    def backend(self) -> str | None:
-        """Which implementation runs the recurrence: ``auto``, ``cpu``, ``triton``,
-        ``triton+graphs`` (see :mod:`torchelmo.backend`), or None for its default."""
-        return self._backend
-
-    @backend.setter
-    def backend(self, value: str | None) -> None:
-        self._backend = None if value is None else check_backend(value)
-
-    def resolved_precision(self) -> Precision:
-        """:attr:`precision` resolved for the model's current device (once per device)."""
-        device = self.device
-        if self._resolved is None or self._resolved.device_type != device.type:
-            self._resolved = resolve_precision(self._precision, device)
-        return self._resolved
-
-    @contextlib.contextmanager
-    def precision_scope(self) -> Iterator[Precision]:
-        """The one place the model's precision is applied: :meth:`forward`, :meth:`run_tokens` and
-        the language model's loss all run inside it. Nested entries (the LM's loss around
-        :meth:`run_tokens`) apply nothing more."""
-        precision = self.resolved_precision()
-        if self._in_scope:
-            yield precision
-            return
-        self._in_scope = True
-        try:
-            with precision.scope():
-                yield precision
-        finally:
-            self._in_scope = False
+        self._init_compute(precision, backend)   # see torchelmo.compute
 
     dropout = property(lambda self: self.regularisation.dropout)
     variational_dropout = property(lambda self: self.regularisation.variational_dropout)
@@ -374,36 +326,14 @@ class BiLM(nn.Module):
     @classmethod
     def from_published(cls, options_file: str | Path, weight_file: str | Path, **kw) -> BiLM:
         """A model from published ``options.json`` + HDF5 weights (paths or URLs)."""
-        config = ElmoConfig.from_json_file(weights.cached_path(options_file, kind="json"))
-        weight_path = weights.cached_path(weight_file, kind="hdf5")   # found before the model is allocated
-        model = cls(config, **kw)
-        weights.load_published_weights(model, weight_path)
-        return model.eval()
+        return _load_published(cls, options_file, weight_file, **kw)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> BiLM:
         """Load a model by registry name or alias (downloaded once, then cached), ``"default"``
         (the model shipped in the package), a directory in the native or the published layout, or
         a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""
-        name = str(name_or_path)
-        registry.check_model_name(name)
-        path = registry.default_model_dir() if name == "default" else Path(name)
-        if path.is_dir():
-            if (path / weights.CONFIG_NAME).is_file():
-                weights.require_native_weights(path)   # before the model is allocated
-                model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
-                weights.load_native(model, path)
-                return model.eval()
-            found = registry.find_published_files(path)
-            if found is None:
-                raise ElmoError(f"{path}: neither a native model ({weights.CONFIG_NAME} + "
-                                f"{weights.WEIGHTS_NAME}) nor a published one (*options.json + *weights*.hdf5)")
-            return cls.from_published(*found, **kw)
-        if registry.is_published(name):
-            # A download is kept only once this model class has read every dataset of it.
-            check = lambda config, path: weights.load_published_weights(cls(config), path)  # noqa: E731
-            return cls.from_published(*registry.resolve_published(name, check), **kw)
-        return cls.from_pretrained(hub.resolve(name), **kw)   # a Hub id, or the error listing every name
+        return _load_pretrained(cls, name_or_path, **kw)
 
     def save_pretrained(self, out_dir: str | Path, **card) -> Path:
         """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``,
@@ -422,3 +352,33 @@ class BiLM(nn.Module):
         """Precompute E0 for ``vocab`` (e.g. a task's training vocabulary); other tokens still work."""
         ids = torch.tensor([word_to_char_ids(w) for w in vocab], dtype=torch.long, device=self.device)
         self.encoder.build_cache(ids)
+
+
+def _load_published(cls: type[BiLM], options_file: str | Path, weight_file: str | Path, **kw) -> BiLM:
+    config = ElmoConfig.from_json_file(weights.cached_path(options_file, kind="json"))
+    weight_path = weights.cached_path(weight_file, kind="hdf5")   # found before the model is allocated
+    model = cls(config, **kw)
+    weights.load_published_weights(model, weight_path)
+    return model.eval()
+
+
+def _load_pretrained(cls: type[BiLM], name_or_path: str | Path, **kw) -> BiLM:
+    name = str(name_or_path)
+    registry.check_model_name(name)
+    path = registry.default_model_dir() if name == "default" else Path(name)
+    if path.is_dir():
+        if (path / weights.CONFIG_NAME).is_file():
+            weights.require_native_weights(path)   # before the model is allocated
+            model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
+            weights.load_native(model, path)
+            return model.eval()
+        found = registry.find_published_files(path)
+        if found is None:
+            raise ElmoError(f"{path}: neither a native model ({weights.CONFIG_NAME} + "
+                            f"{weights.WEIGHTS_NAME}) nor a published one (*options.json + *weights*.hdf5)")
+        return cls.from_published(*found, **kw)
+    if registry.is_published(name):
+        # A download is kept only once this model class has read every dataset of it.
+        check = lambda config, path: weights.load_published_weights(cls(config), path)  # noqa: E731
+        return cls.from_published(*registry.resolve_published(name, check), **kw)
+    return _load_pretrained(cls, hub.resolve(name), **kw)   # a Hub id, or the error listing every name

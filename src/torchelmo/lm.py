@@ -244,14 +244,11 @@ class LanguageModel(nn.Module):
     def init_from(cls, source: str | Path, vocab: Vocabulary, softmax: str | None = None,
                   num_samples: int = 8192, log=print,
                   regularisation: Regularisation = DEFAULT_REGULARISATION) -> LanguageModel:
-        """A new LM over ``vocab`` starting from a trained model.
-
-        ``source`` is an LM (directory or Hub id: biLM + softmax) or any biLM ``BiLM.from_pretrained``
-        reads (a published model: its softmax was never released, so a fresh one is initialised). Rows of
-        tokens in both vocabularies are copied; a new token starts as the old ``<UNK>`` row with
-        the bias lowered by ``log(n_new + 1)``, so the old model's ``<UNK>`` probability is shared
-        out among the new tokens and the new ``<UNK>``.
-        """
+        """A new LM over ``vocab`` from a trained model: an LM (directory or Hub id: biLM +
+        softmax) or any biLM ``BiLM.from_pretrained`` reads (a published one has no released
+        softmax: a fresh one is initialised). Rows of tokens in both vocabularies are copied; a new
+        token starts as the old ``<UNK>`` row with the bias lowered by ``log(n_new + 1)``, so the
+        old ``<UNK>`` probability is shared out among the new tokens and the new ``<UNK>``."""
         check_model_name(source)
         path = Path(str(source))
         if not path.is_dir() and hub.is_repo_id(str(source)):

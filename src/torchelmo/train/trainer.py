@@ -25,10 +25,11 @@ from ..runtime import resolve_device, set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
-from .config import MAX_GRAD_ACCUM, TrainConfig
+from .config import TrainConfig
 from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs, setup_distributed
 from .metrics import MetricsLog
 from .progress import StopSignals, Window, progress_bar, report
+from .step import Stepper
 
 TRAIN_CONFIG_NAME = "train_config.json"
 
@@ -68,12 +69,6 @@ def build_lm(cfg: TrainConfig, vocab: Vocabulary, log: Callable[[str], None]) ->
                                        log=log, regularisation=cfg.regularisation())
     return LanguageModel(cfg.model_config(), vocab, softmax=cfg.softmax, num_samples=cfg.num_samples,
                          regularisation=cfg.regularisation())
-
-
-def micro_seed(base: int, step: int, micro: int) -> int:
-    """The seed of micro-batch ``micro`` of a step: the same on every rank and after a resume, and
-    distinct for every (step, micro) since ``micro < MAX_GRAD_ACCUM``."""
-    return (base + step * MAX_GRAD_ACCUM + micro) % (2**63)
 
 
 class Trainer:
@@ -132,7 +127,7 @@ class Trainer:
 
     def _setup_restore(self) -> None:
         """The checkpoint's state when resuming (else the dropout streams' seeds), then the DDP
-        wrapper."""
+        wrapper and the stepper."""
         if self.resumed is not None:
             self._restore(self.resumed)
         else:
@@ -143,6 +138,7 @@ class Trainer:
             self.model = DDP(self.lm, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                              # the adaptive softmax skips the tail clusters no target falls in
                              find_unused_parameters=isinstance(self.lm.softmax, AdaptiveSoftmax))
+        self.stepper = Stepper(self.cfg, self.env, self.device, self.model, self.lm, self.optimizer, self.batcher)
 
     def cleanup(self) -> None:
         """Tear down the process group, if this run started one."""
@@ -202,44 +198,14 @@ class Trainer:
             g["lr"] = lr
 
     # -- one step --------------------------------------------------------------------------------
-    def next_micro_batches(self) -> list | None:
-        out = []
-        for _ in range(self.cfg.grad_accum):
-            try:
-                out.append(next(self.batcher))
-            except StopIteration:
-                break
-        return out or None
-
     def train_step(self, micro: list) -> tuple[float, int]:
         """One optimizer step over ``micro`` batches; returns (global loss, global targets)."""
-        cfg, env = self.cfg, self.env
-        n_global = sum(b.global_targets for b in micro)
-        local = torch.zeros(2, dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, b in enumerate(micro):
-            b = b.to(self.device)
-            if cfg.state_reset > 0 and self.state is not None:
-                self._reset_some_rows(i)
-            sampler = torch.Generator().manual_seed(micro_seed(cfg.seed * 1_000_003, self.step, i))
-            sync = contextlib.nullcontext() if (not env.active or i == len(micro) - 1) else self.model.no_sync()
-            with sync:
-                sums, final = self.model(b.char_ids, b.token_index, b.targets, b.lengths, self.state, sampler,
-                                         b.groups)
-                loss = 0.5 * sums.float().sum() * (env.world_size / n_global)
-                loss.backward()
-            local += sums.detach().double().cpu()
-            if cfg.batching == "stream":
-                self.state = [(c.detach().float(), h.detach().float()) for c, h in final]
-        if env.active:
-            dist.all_reduce(local)
-        loss_value = 0.5 * float(local.sum()) / n_global
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.lm.parameters(), cfg.clip_norm)
-        if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
-            self._diverged(loss_value, float(grad_norm))
+        loss, n_global, grad_norm, self.state = self.stepper.gradients(micro, self.state, self.step)
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            self._diverged(loss, grad_norm)
         self._set_lr()
         self.optimizer.step()
-        return loss_value, n_global
+        return loss, n_global
 
     def _diverged(self, loss: float, grad_norm: float) -> None:
         where = (f"the last good checkpoint is {self.out / ckpt_io.CHECKPOINT_NAME} (step "
@@ -248,14 +214,6 @@ class Trainer:
         what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
         raise ElmoError(f"training stopped: the {what} is {value} at step {self.step + 1}; {where}. Lower the "
                         "learning rate (--lr) or resume from the checkpoint with --resume")
-
-    def _reset_some_rows(self, micro: int) -> None:
-        # The same draw on every rank (over the global rows) and after a resume.
-        g = torch.Generator().manual_seed(micro_seed(self.cfg.seed * 7_919 + 1, self.step, micro))
-        rows = self.batcher.rows
-        keep = (torch.rand(self.batcher.batch_size, generator=g) >= self.cfg.state_reset)[rows.start:rows.stop]
-        keep = keep.to(self.device).view(1, -1, 1)
-        self.state = [(c * keep, h * keep) for c, h in self.state]
 
     def validate(self, metrics: MetricsLog | None) -> dict | None:
         """Validation on rank 0 (best model saved, lr decayed), its bookkeeping broadcast to all."""
@@ -312,7 +270,7 @@ class Trainer:
             with StopSignals() as signals:
                 while not done():
                     t0 = time.perf_counter()
-                    micro = self.next_micro_batches()
+                    micro = self.stepper.next_micro_batches()
                     if micro is None:
                         break  # the requested epochs are done
                     loss, ntok = self.train_step(micro)

@@ -1,0 +1,69 @@
+"""How a model computes: its precision (:mod:`torchelmo.precision`) and the backend of its
+recurrence (:mod:`torchelmo.backend`), carried by the model as two settable settings and applied
+in one scope."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from .backend import check_backend
+from .precision import Precision, check_precision, resolve_precision
+
+
+class ComputeSettings:
+    """A mixin for a module whose ``device`` property says where it runs: :attr:`precision`,
+    :attr:`backend` and :meth:`precision_scope`. Call :meth:`_init_compute` in ``__init__``."""
+
+    device: torch.device
+
+    def _init_compute(self, precision: str, backend: str | None) -> None:
+        self._resolved: Precision | None = None
+        self._in_scope = False
+        self.precision = precision   # settable at any time
+        self.backend = backend       # None: the backend module's default; settable at any time
+
+    @property
+    def precision(self) -> str:
+        """``fp32``, ``tf32``, ``bf16`` or ``auto`` (see :mod:`torchelmo.precision`)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._precision = check_precision(value)
+        self._resolved = None
+
+    @property
+    def backend(self) -> str | None:
+        """Which implementation runs the recurrence: ``auto``, ``cpu``, ``triton``,
+        ``triton+graphs`` (see :mod:`torchelmo.backend`), or None for its default."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str | None) -> None:
+        self._backend = None if value is None else check_backend(value)
+
+    def resolved_precision(self) -> Precision:
+        """:attr:`precision` resolved for the model's current device (once per device)."""
+        device = self.device
+        if self._resolved is None or self._resolved.device_type != device.type:
+            self._resolved = resolve_precision(self._precision, device)
+        return self._resolved
+
+    @contextlib.contextmanager
+    def precision_scope(self) -> Iterator[Precision]:
+        """The one place the model's precision is applied: a biLM's ``forward`` and
+        ``run_tokens`` and the language model's loss all run inside it. Nested entries (the LM's
+        loss around ``run_tokens``) apply nothing more."""
+        precision = self.resolved_precision()
+        if self._in_scope:
+            yield precision
+            return
+        self._in_scope = True
+        try:
+            with precision.scope():
+                yield precision
+        finally:
+            self._in_scope = False
