@@ -4,12 +4,14 @@ Every case ends in a one-line error (or "interrupted"), never in executed code, 
 silently wrong numbers or a partial output file.
 """
 
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -248,14 +250,20 @@ def test_train_config_types_and_paths(tmp_path, fixture_corpus, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
+def serve(handler) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """``handler`` served on 127.0.0.1 by daemon threads: the server (to shut down) and its URL."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
 # Downloads, from a server on 127.0.0.1.
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def server():
     """``(base_url, routes)``: ``routes[path] = (status, headers, body)``; a Content-Length
     header given in ``headers`` is sent as is (a lie, to cut a download short)."""
-    import http.server
-    import threading
     routes: dict[str, tuple[int, dict, bytes]] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -271,10 +279,8 @@ def server():
         def log_message(self, *args):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", routes
+    httpd, url = serve(Handler)
+    yield url, routes
     httpd.shutdown()
     httpd.server_close()
 

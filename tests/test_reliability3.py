@@ -27,7 +27,6 @@ import http.server
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -143,10 +142,8 @@ def sized_server():
         def log_message(self, *args):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd, url = R.serve(Handler)
+    yield url
     httpd.shutdown()
     httpd.server_close()
 
