@@ -15,7 +15,8 @@ laid anew, the machine's other files are kept. Steps of ``train``:
    The output is appended to RUN/train.log.
 3. The chunk (start and end step, tokens, wall time, machine, threads, precision, the last
    validation) is appended to RUN/chunks.jsonl; a validation that happened in the chunk has its
-   ``best/`` model copied to RUN/milestones/ (the models the probes compare along the way).
+   ``best/`` model copied to RUN/milestones/ when it is that validation's model (the models the
+   probes compare along the way).
 4. The record is rewritten.
 
 Budget, fixed before the run (the config's ``max_steps`` and its cosine schedule follow from it):
@@ -108,6 +109,14 @@ def checkpoint_progress(run: Path) -> dict:
     return {"step": ckpt["step"], "tokens": ckpt["tokens_seen"], "seconds": round(ckpt["elapsed"], 1)}
 
 
+def best_step(run: Path) -> int | None:
+    """The training step of the model in RUN/best (None without one)."""
+    path = run / "best" / "training.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8")).get("train", {}).get("steps")
+
+
 def validations(run: Path) -> list[dict]:
     out = []
     path = run / "metrics.jsonl"
@@ -146,7 +155,9 @@ def train(args) -> int:
         chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(chunk) + "\n")
-    if len(valid) > n_valid and (run / "best").is_dir():
+    if len(valid) > n_valid and best_step(run) == valid[-1]["step"]:
+        # best/ is the validated model only when that validation improved on every earlier one;
+        # otherwise the model at that step was not kept, and no milestone is named after it.
         dest = run / "milestones" / f"step-{valid[-1]['step']:06d}"
         if not dest.exists():
             shutil.copytree(run / "best", dest)
