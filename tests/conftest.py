@@ -11,6 +11,11 @@ DATA = SHARED / "data"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+# Without a GPU the fused kernels run under Triton's interpreter, which Triton decides when it is
+# first imported: set here, before any test module (flair's imports reach Triton) is collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def shared_path(*parts: str) -> Path:
     """A path under ../shared; a missing one is a failure (CI always has it), never a skip."""
