@@ -355,7 +355,7 @@ MUTATIONS = [
 ]
 
 # The isolation check: a syntax error in the copy must fail the tests, which proves that the
-# copy's src/ is what they import (not /work/main/src through the editable install).
+# copy's src/ is what they import (not the checkout's src/ through the editable install).
 ISOLATION = Mutation(
     "isolation-check", "src/torchelmo/fileio.py",
     "a deliberate syntax error: must fail, else the tests import some other copy of torchelmo",
@@ -433,7 +433,7 @@ def counts(output: str) -> str:
 def run_selection(selection: tuple[str, ...], copy: Path, timeout: float) -> dict:
     # -o addopts=: pyproject.toml's own -q would make it -qq, which drops the tally line
     # --basetemp inside the copy: the tests' temporary directories go with it, and pytest's
-    # rotation of /tmp/pytest-of-USER (shared with whoever else runs tests here) is left alone.
+    # rotation of the default pytest-of-USER directory (shared with whoever else runs tests here) is left alone.
     cmd = ["nice", "-n", "19", sys.executable, "-m", "pytest", "-o", "addopts=", "-x", "-q", "-p", "no:cacheprovider",
            f"--basetemp={copy / '.pytest-tmp'}", *selection]
     t0 = time.monotonic()
@@ -462,16 +462,22 @@ def apply(m: Mutation, copy: Path) -> None:
     path.write_text(text.replace(m.find, m.replace), encoding="utf-8")
 
 
-def isolation_check(snapshot: Path, timeout: float, keep: bool = False) -> dict:
-    """The deliberate syntax error: its selection must fail, and the error must name the copy's
-    file (not /work/main/src's)."""
+def run_mutated(m: Mutation, snapshot: Path, timeout: float, keep: bool = False) -> dict:
+    """``m`` applied to a scratch copy of ``snapshot``, its selection run there
+    (:func:`run_selection`'s result); the copy is removed afterwards unless ``keep``."""
     copy = scratch_copy(snapshot)
     try:
-        apply(ISOLATION, copy)
-        r = run_selection(ISOLATION.selection, copy, timeout)
+        apply(m, copy)
+        return run_selection(m.selection, copy, timeout)
     finally:
         if not keep:
             shutil.rmtree(copy, ignore_errors=True)
+
+
+def isolation_check(snapshot: Path, timeout: float, keep: bool = False) -> dict:
+    """The deliberate syntax error: its selection must fail, and the error must name the copy's
+    file (not the checkout's)."""
+    r = run_mutated(ISOLATION, snapshot, timeout, keep)
     mutated = f"<copy>/{ISOLATION.file}"
     ok = r["rc"] not in (0, None) and "SyntaxError" in r["output"] and mutated in r["output"]
     return {"status": "killed" if ok else "NOT ISOLATED", "returncode": r["rc"], "first_failure": r["first_failure"],
@@ -485,13 +491,7 @@ def run_mutant(m: Mutation, snapshot: Path, timeout: float, baseline: dict | Non
         entry.update(status="baseline-failed", seconds=0.0, first_failure=baseline["first_failure"],
                      errors=baseline["errors"], tally=baseline["tally"])
     else:
-        copy = scratch_copy(snapshot)
-        try:
-            apply(m, copy)
-            r = run_selection(m.selection, copy, timeout)
-        finally:
-            if not keep:
-                shutil.rmtree(copy, ignore_errors=True)
+        r = run_mutated(m, snapshot, timeout, keep)
         status = "timeout" if r["rc"] is None else "survived" if r["rc"] == 0 else "killed"
         entry.update(status=status, seconds=r["seconds"], first_failure=r["first_failure"], errors=r["errors"],
                      tally=r["tally"], returncode=r["rc"])

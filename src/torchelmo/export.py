@@ -8,10 +8,9 @@ compilers accept:
 
 * the char-CNN as plain convolutions with a max over positions (the eager encoder's
   deduplication, length grouping and ``unfold`` have no ONNX or TorchScript form);
-* both LSTM directions as one loop over time for the whole batch, every row running every step
-  (the eager path's length-sorted, shrinking batch needs Python-side lengths): a row's valid
-  steps are a prefix, so what it computes past its length reaches no valid output and is zeroed
-  at the end, and the loop body needs no per-step masking.
+* both LSTM directions as one loop over time, the rows sorted longest first inside the graph
+  (and restored at the end) so that step t runs the prefix of rows still going, as the eager
+  path does, with the lengths as tensors rather than Python integers.
 
 The module is compiled with ``torch.jit.script``, so the time loop stays a loop. ONNX goes
 through the TorchScript-based exporter (``dynamo=False``), which turns that scripted loop into
