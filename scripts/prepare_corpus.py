@@ -5,9 +5,16 @@ text held out.
 
     .venv/bin/python scripts/prepare_corpus.py OUT_DIR [--data DIR]   # needs nltk (extra "corpus")
 
-Writes OUT_DIR/train/<source>.txt (one shard per source, in document order), OUT_DIR/valid.txt
-(whole held-out documents), OUT_DIR/counts.json (sentences and tokens per source and split, and
-everything dropped) and OUT_DIR/SOURCES.md (sizes and licences), and prints the counts. A source
+Writes OUT_DIR/sources/<source>.txt (one file per source, in document order), OUT_DIR/train/
+shard-NN.txt (the training text: every source's sentences spread over SHARDS files at random, so
+that each shard is a sample of the whole corpus), OUT_DIR/valid.txt (whole held-out documents),
+OUT_DIR/counts.json (sentences and tokens per source, shard and split, and everything dropped) and
+OUT_DIR/SOURCES.md (sizes and licences), and prints the counts. ``--reshard`` only redoes the
+shards from OUT_DIR/sources.
+
+The trainer streams a corpus file by file (shuffling the file order and the sentences within a
+file), so files that each held one source would train on one domain at a time, novels for hours,
+then reviews; the held-out perplexity would follow the current domain rather than the model. A source
 or hold-out set missing under DIR is skipped with a note. Needs the torchelmo package (its
 CoNLL-U reader) and nltk (its regex word tokenizer; no NLTK data is downloaded).
 
@@ -71,6 +78,7 @@ import fnmatch
 import hashlib
 import html
 import json
+import random
 import re
 import sys
 import time
@@ -85,6 +93,8 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 MAX_TOKENS = 250
+SHARDS = 20          # ~0.9M tokens each: every shard is read whole into one shuffle block
+SHARD_SEED = 0
 # A document is evaluation text under another name, and dropped whole, when at least 2 and at
 # least this share of its sentences are hold-out sentences of at least this many tokens.
 CONTAMINATION_SHARE = 0.05
@@ -613,7 +623,7 @@ def build(data: Path, out: Path) -> dict:
             print(f"note: source {src.name}: {src.path} missing, skipped", file=sys.stderr)
     filt, stats = Filter(held), Counter()
     counts: dict = {"train": {}, "valid": {}, "valid_documents": []}
-    (out / "train").mkdir(parents=True, exist_ok=True)
+    (out / "sources").mkdir(parents=True, exist_ok=True)
     with open(out / "valid.txt", "w", encoding="utf-8") as f:  # first: valid keeps its documents whole
         for src in sources:
             rec = counts["valid"][src.name] = _record()
@@ -622,7 +632,7 @@ def build(data: Path, out: Path) -> dict:
                     counts["valid_documents"].append(f"{src.name}/{doc}")
     for src in sources:
         rec = counts["train"][src.name] = _record()
-        with open(out / "train" / f"{src.name}.txt", "w", encoding="utf-8") as f:
+        with open(out / "sources" / f"{src.name}.txt", "w", encoding="utf-8") as f:
             for doc, sents in src.read(data, lambda d, s=src.name: not _is_valid(s, d), stats):
                 filt.write_doc(f, f"{src.name}/{doc}", sents, rec)
         print(f"{src.name}: {rec['sentences']:,} sentences, {rec['tokens']:,} tokens", file=sys.stderr)
@@ -637,6 +647,30 @@ def build(data: Path, out: Path) -> dict:
     }
     counts["max_tokens"] = MAX_TOKENS
     return counts
+
+
+def mix_shards(out: Path, names: list[str], shards: int = SHARDS, seed: int = SHARD_SEED) -> list[dict]:
+    """Spread the sentences of OUT/sources/<name>.txt over OUT/train/shard-NN.txt, each sentence to
+    a shard drawn at random (seeded), in the order read; returns each shard's counts."""
+    train = out / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    for old in train.glob("*.txt"):
+        old.unlink()
+    rng = random.Random(seed)
+    files = [open(train / f"shard-{k:02d}.txt", "w", encoding="utf-8") for k in range(shards)]
+    recs = [{"file": f"train/shard-{k:02d}.txt", "sentences": 0, "tokens": 0} for k in range(shards)]
+    try:
+        for name in names:
+            with open(out / "sources" / f"{name}.txt", encoding="utf-8") as src:
+                for line in src:
+                    k = rng.randrange(shards)
+                    files[k].write(line)
+                    recs[k]["sentences"] += 1
+                    recs[k]["tokens"] += len(line.split())
+    finally:
+        for f in files:
+            f.close()
+    return recs
 
 
 def table(counts: dict) -> str:
@@ -671,7 +705,11 @@ def write_sources_md(counts: dict, path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write("| shard | sentences | tokens | source, licence |\n|---|---|---|---|\n")
         for name, r in counts["train"].items():
-            f.write(f"| train/{name}.txt | {r['sentences']:,} | {r['tokens']:,} | {lic[name]} |\n")
+            f.write(f"| sources/{name}.txt | {r['sentences']:,} | {r['tokens']:,} | {lic[name]} |\n")
+        sh = counts.get("shards", [])
+        if sh:
+            f.write(f"| train/shard-*.txt | {sum(r['sentences'] for r in sh):,} | {sum(r['tokens'] for r in sh):,} "
+                    f"| the sources above spread over {len(sh)} shards at random (the training files) |\n")
         v = counts["valid_total"]
         f.write(f"| valid.txt | {v['sentences']:,} | {v['tokens']:,} | whole documents (counts.json lists "
                 f"them): {', '.join(f'{n} {k}' for k, n in per_source.items())} |\n")
@@ -681,9 +719,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="output folder")
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="data folder (default ../shared/data)")
+    ap.add_argument("--shards", type=int, default=SHARDS, help=f"training shards (default {SHARDS})")
+    ap.add_argument("--reshard", action="store_true",
+                    help="only redo OUT/train/shard-*.txt from OUT/sources (and counts.json's shards)")
     args = ap.parse_args(argv)
+    if args.shards < 1:
+        ap.error(f"--shards must be at least 1, got {args.shards}")
     t0 = time.time()
-    counts = build(args.data, args.out)
+    if args.reshard:
+        try:
+            counts = json.loads((args.out / "counts.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"prepare_corpus.py: {args.out / 'counts.json'}: cannot read it ({e}); build the corpus first")
+    else:
+        counts = build(args.data, args.out)
+    counts["shards"] = mix_shards(args.out, list(counts["train"]), args.shards)
     (args.out / "counts.json").write_text(json.dumps(counts, indent=1) + "\n", encoding="utf-8")
     write_sources_md(counts, args.out / "SOURCES.md")
     print(table(counts))

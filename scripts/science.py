@@ -11,7 +11,8 @@ laid anew, the machine's other files are kept. Steps of ``train``:
 1. The corpus (``scripts/prepare_corpus.py ../runs/corpus``) and the vocabulary (``elmo vocab``,
    tokens seen at least ``MIN_COUNT`` times), once.
 2. ``elmo train --config configs/science/small.json --resume --time-limit MINUTES``: continues the
-   run exactly where its last checkpoint left it and stops cleanly after MINUTES with a checkpoint.
+   run exactly where its last checkpoint left it and stops cleanly after MINUTES with a checkpoint
+   (``--new-data WHY``: the training files changed, the data starts a new epoch on them).
    The output is appended to RUN/train.log.
 3. The chunk (start and end step, tokens, wall time, machine, threads, precision, the last
    validation) is appended to RUN/chunks.jsonl; a validation that happened in the chunk has its
@@ -142,6 +143,8 @@ def train(args) -> int:
            "--time-limit", str(args.minutes)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.new_data:
+        cmd += ["--new-data"]
     rc = sh(cmd, log=run / "train.log", stopped_ok=True)   # a signal stops the chunk with a checkpoint
     after, valid = checkpoint_progress(run), validations(run)
     threads = args.threads or cfg.get("threads")
@@ -151,6 +154,8 @@ def train(args) -> int:
              "train_seconds": round(after["seconds"] - before["seconds"], 1),
              "tokens_per_s": round((after["tokens"] - before["tokens"]) / max(1e-9, after["seconds"] - before["seconds"]), 1),
              "validations": valid[n_valid:]}
+    if args.new_data:
+        chunk["new_data"] = args.new_data
     if rc:
         chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
@@ -230,6 +235,8 @@ def main() -> int:
     t = sub.add_parser("train", help="one chunk of training")
     t.add_argument("--minutes", type=float, required=True, help="stop cleanly after this long")
     t.add_argument("--threads", type=int, help="override the config's threads")
+    t.add_argument("--new-data", metavar="WHY",
+                   help="the training files changed (say how, for the record): a new epoch starts on them")
     t.set_defaults(func=train)
     p = sub.add_parser("probe", help="every probe on a milestone (or the default model), then the comparison")
     p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")

@@ -113,7 +113,7 @@ def test_prepare_corpus(tree, tmp_path, capsys):
     out = tmp_path / "corpus"
     counts = pc.main([str(out), "--data", str(tree)])
     printed = capsys.readouterr()
-    train = {p.stem: lines(p) for p in sorted((out / "train").glob("*.txt"))}
+    train = {p.stem: lines(p) for p in sorted((out / "sources").glob("*.txt"))}
     valid = lines(out / "valid.txt")
     everything = valid + [s for shard in train.values() for s in shard]
 
@@ -160,6 +160,19 @@ def test_prepare_corpus(tree, tmp_path, capsys):
     assert counts["valid_total"]["tokens"] == sum(len(s.split()) for s in valid)
     assert "| valid.txt |" in (out / "SOURCES.md").read_text()
 
+    # The training files: every source's sentences spread over the shards, none lost or repeated.
+    shards = {p.name: lines(p) for p in sorted((out / "train").glob("*.txt"))}
+    assert list(shards) == [f"shard-{k:02d}.txt" for k in range(pc.SHARDS)]
+    assert sorted(s for shard in shards.values() for s in shard) == sorted(s for src in train.values() for s in src)
+    assert [r["sentences"] for r in counts["shards"]] == [len(s) for s in shards.values()]
+
+    # --reshard redoes the shards from the sources alone, the same way; fewer shards are possible.
+    again = pc.main([str(out), "--reshard", "--shards", "3"])
+    assert sorted(p.name for p in (out / "train").glob("*.txt")) == ["shard-00.txt", "shard-01.txt", "shard-02.txt"]
+    assert again["train"] == counts["train"] and len(again["shards"]) == 3
+    pc.main([str(out), "--reshard"])
+    assert {p.name: lines(p) for p in sorted((out / "train").glob("*.txt"))} == shards
+
 
 def test_sentence_splitter_and_tokens():
     sents = list(pc.raw_sentences('“Are you Mr. Jarndyce?” asked Dr. J. Smith. It was 3 p.m. I don’t '
@@ -184,3 +197,18 @@ def test_opening_alignment_tolerates_edition_differences():
     assert text[:pc.opening_end(text, other_heading, "t")].endswith("fell.")
     cut = pc.opening_end(text, [["Nothing", "like", "it"]], "t")  # not found: drop 3x its length
     assert len("".join(text[:cut].split())) == 3 * len("Nothinglikeit")
+
+
+def test_shards_mix_the_sources(tmp_path):
+    # Each shard is a sample of the whole corpus, not a run of one source (the trainer reads a
+    # file at a time), and sentences keep their order within a shard.
+    (tmp_path / "sources").mkdir()
+    for name in ("novels", "reviews"):
+        (tmp_path / "sources" / f"{name}.txt").write_text("".join(f"{name} {i} .\n" for i in range(2000)))
+    recs = pc.mix_shards(tmp_path, ["novels", "reviews"], shards=4)
+    assert sum(r["sentences"] for r in recs) == 4000 and sum(r["tokens"] for r in recs) == 12000
+    for k in range(4):
+        shard = lines(tmp_path / "train" / f"shard-{k:02d}.txt")
+        novels = [s for s in shard if s.startswith("novels")]
+        assert 0.4 < len(novels) / len(shard) < 0.6
+        assert novels == sorted(novels, key=lambda s: int(s.split()[1]))

@@ -431,3 +431,32 @@ def test_every_committed_config_loads_and_holds_only_overrides():
         assert d["_command"] and d["_role"], path
         same = [k for k, v in d.items() if k in defaults and defaults[k] == v]
         assert not same, f"{path}: {same} repeat the defaults"
+
+
+def test_changed_training_files_are_refused_on_resume_and_new_data_starts_a_new_epoch(tmp_path, fixture_corpus):
+    # A saved position (epoch, file, byte offset) is only valid for the files it was saved on.
+    data, vocab = fixture_corpus
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(data.read_bytes())
+    kw = dict(softmax="sampled", num_samples=20, max_steps=4)
+    both = str(corpus / "*.txt")
+    train(base_config(tmp_path, both, vocab, time_limit=1e-9, **kw), log=lambda s: None)
+    run = tmp_path / "run"
+    saved = torch.load(run / CHECKPOINT_NAME, weights_only=False)
+    assert saved["data"]["corpus"] == [["a.txt", data.stat().st_size]]
+    (corpus / "b.txt").write_text("an added file\n", encoding="utf-8")
+    with pytest.raises(ElmoError, match=r"checkpoint.pt: the training files changed since this position was "
+                                        r"saved \(b.txt added\); resume with --new-data"):
+        train(base_config(tmp_path, both, vocab, resume=True, **kw), log=lambda s: None)
+    logs: list[str] = []
+    train(base_config(tmp_path, both, vocab, resume=True, new_data=True, time_limit=1e-9, **kw), log=logs.append)
+    assert any("new data: epoch 1 starts on the current training files" in m for m in logs)
+    after = torch.load(run / CHECKPOINT_NAME, weights_only=False)
+    assert after["step"] == saved["step"] + 1 and after["data"]["position"]["epoch"] == 1
+    assert after["data"]["corpus"] == [["a.txt", data.stat().st_size], ["b.txt", 14]]
+    assert after["config"]["new_data"] is True
+    # The next chunk resumes exactly again (the flag belongs to one invocation).
+    assert train(base_config(tmp_path, both, vocab, resume=True, **kw), log=lambda s: None)["steps"] == 4
+    with pytest.raises(ElmoError, match="new_data starts a new epoch of a resumed run"):
+        base_config(tmp_path, both, vocab, new_data=True)

@@ -75,6 +75,23 @@ class Corpus:
         self.block_lines = block_lines
         self.name = " ".join(str(f) for f in self.files)
 
+    def fingerprint(self) -> list[list]:
+        """``[name, bytes]`` of each file, in order: what a saved position is valid for. Names
+        without folders, so a moved corpus still resumes; an edit that keeps every size is not seen."""
+        return [[f.name, f.stat().st_size] for f in self.files]
+
+    def check_fingerprint(self, saved: list | None, where: str) -> None:
+        """Refuse a position saved on other files (``saved=None``: nothing was recorded)."""
+        if saved is None or [list(x) for x in saved] == self.fingerprint():
+            return
+        now = {n: b for n, b in self.fingerprint()}
+        was = {n: b for n, b in saved}
+        diff = ([f"{n} added" for n in now if n not in was] + [f"{n} removed" for n in was if n not in now]
+                + [f"{n} {was[n]:,} -> {now[n]:,} bytes" for n in now if n in was and now[n] != was[n]])
+        raise ElmoError(f"{where}: the training files changed since this position was saved "
+                        f"({', '.join(diff[:3]) or 'order changed'}{', ...' if len(diff) > 3 else ''}); "
+                        "resume with --new-data to start a new epoch on the current files")
+
     def _shard_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.files)))
         if self.shuffle:

@@ -165,10 +165,17 @@ class StreamBatcher:
         if self.contiguous:
             raise ElmoError("contiguous (evaluation) streams cannot be checkpointed")
         return {"position": self.position.asdict(), "current": list(self.current),
-                "consumed": list(self.consumed), "exhausted": self.exhausted}
+                "consumed": list(self.consumed), "exhausted": self.exhausted,
+                "corpus": self.corpus.fingerprint()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, new_data: bool = False, where: str = "checkpoint") -> None:
+        """``new_data``: the corpus files changed since ``state`` was saved; the stream starts the
+        next epoch on them (the rows finish the sentences they hold)."""
         self.position = CorpusPosition(**state["position"])
+        if new_data:
+            self.position = CorpusPosition(epoch=self.position.epoch + 1)
+        else:
+            self.corpus.check_fingerprint(state.get("corpus"), where)
         self.current, self.consumed = list(state["current"]), list(state["consumed"])
         self.exhausted = state["exhausted"]
         self._iters = None
@@ -293,11 +300,18 @@ class SentenceBatcher:
         return self.pool_start.epoch
 
     def state_dict(self) -> dict:
-        return {"pool_start": self.pool_start.asdict(), "pool_no": self.pool_no, "batch_no": self.batch_no}
+        return {"pool_start": self.pool_start.asdict(), "pool_no": self.pool_no, "batch_no": self.batch_no,
+                "corpus": self.corpus.fingerprint()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, new_data: bool = False, where: str = "checkpoint") -> None:
+        """``new_data``: as :meth:`StreamBatcher.load_state_dict`; a new pool starts the next epoch."""
         self.pool_start = CorpusPosition(**state["pool_start"])
         self.pool_no, self.batch_no = state["pool_no"], state["batch_no"]
+        if new_data:
+            self.pool_start = CorpusPosition(epoch=self.pool_start.epoch + 1)
+            self.pool_no, self.batch_no = self.pool_no + 1, 0
+        else:
+            self.corpus.check_fingerprint(state.get("corpus"), where)
         self._pool = None
         self._fill(self.pool_start)
 

@@ -90,6 +90,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     add_quiet_args(g)
     g.add_argument("--resume", action="store_true", default=S,
                    help="continue from OUT/checkpoint.pt if there is one (else start)")
+    g.add_argument("--new-data", action="store_true", default=S,
+                   help="with --resume, after the training files changed: start a new epoch on "
+                        "them (a saved position is only valid for the files it was saved on)")
     g.add_argument("--overwrite", action="store_true", default=S,
                    help="start a new run in an OUT that holds one, deleting it (without this or "
                         "--resume, such an OUT is refused)")

@@ -38,7 +38,7 @@ RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpo
                       "threads", "progress", "out_dir", "resume", "keep_checkpoints", "time_limit"}
 # Fields that belong to one invocation: a resumed run takes them from its own command line (or
 # their defaults), never from the checkpoint.
-PER_INVOCATION = {"time_limit": None, "overwrite": False}
+PER_INVOCATION = {"time_limit": None, "overwrite": False, "new_data": False}
 
 
 @dataclass
@@ -80,6 +80,7 @@ class TrainConfig:
     patience: int | None = None            # early stopping: evaluations without improvement
     time_limit: float | None = None        # minutes for this invocation; then checkpoint and stop (--resume goes on)
     overwrite: bool = False                # start over in an out_dir that holds a run (deleting it)
+    new_data: bool = False                 # with resume: the corpus files changed; a new epoch starts on them
     init_from: str | None = None
     threads: int | None = None
     device: str = "auto"
@@ -127,6 +128,8 @@ class TrainConfig:
         if self.grad_accum > MAX_GRAD_ACCUM:
             raise bad(f"grad_accum must be at most {MAX_GRAD_ACCUM} (each micro-batch of a step draws "
                       f"from its own seeded generator), got {self.grad_accum}")
+        if self.new_data and not self.resume:
+            raise bad("new_data starts a new epoch of a resumed run: give it with resume")
         if self.time_limit is not None and self.time_limit <= 0:
             raise bad(f"time_limit must be a positive number of minutes, got {self.time_limit!r}")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:

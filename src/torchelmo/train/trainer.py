@@ -179,7 +179,10 @@ class Trainer:
 
     def _restore(self, ckpt: dict) -> None:
         self.progress = ckpt_io.restore(ckpt, self.lm, self.optimizer, self.batcher,
-                                         self.out / ckpt_io.CHECKPOINT_NAME)
+                                         self.out / ckpt_io.CHECKPOINT_NAME, new_data=self.cfg.new_data)
+        if self.cfg.new_data:
+            self.log(f"resume: new data: epoch {self.batcher.epoch} starts on the current training files "
+                     "(model, optimizer and schedule continue)")
         self.last_checkpoint_step = self.step
         if ckpt["lstm_state"] is not None:
             rows = self.batcher.rows
