@@ -26,10 +26,12 @@ def rounded(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).double()
 
 
-def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands):
+def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands, round_products=False):
     """One direction-stacked layer in float64, step by step; every matmul operand rounded to
-    bfloat16 when ``round_operands`` (the bias, state, gates and clips exact)."""
+    bfloat16 when ``round_operands`` (the bias, state, gates and clips exact), and every matmul's
+    result too when ``round_products`` (bf16 tensors: a matmul's output is bf16)."""
     r = rounded if round_operands else (lambda t: t.double())
+    p = rounded if round_products else (lambda t: t)
     _, B, T, _ = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     out = torch.zeros(2, B, T, P, dtype=torch.float64)
@@ -37,39 +39,82 @@ def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands):
         for b in range(B):
             c, h = torch.zeros(D, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
             for t in range(lengths[b]):
-                z = r(x[d, b, t]) @ r(layer.w_x[d]) + r(h) @ r(layer.w_h[d]) + layer.bias[d].double()
+                xh = torch.cat([r(x[d, b, t]), r(h)])
+                z = p(xh @ torch.cat([r(layer.w_x[d]), r(layer.w_h[d])])) + layer.bias[d].double()
                 i, j, f, o = z.split(D)
                 c = (torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)).clamp(-cell_clip, cell_clip)
-                h = (r(torch.sigmoid(o) * torch.tanh(c)) @ r(layer.w_p[d])).clamp(-proj_clip, proj_clip)
+                h = p(r(torch.sigmoid(o) * torch.tanh(c)) @ r(layer.w_p[d])).clamp(-proj_clip, proj_clip)
                 out[d, b, t] = h
     return out
 
 
 # Shapes where every matmul, even of one running row, is over PyTorch's 16^3 multiply-adds below
 # which a CPU matmul stays fp32 whatever the math mode.
-@pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", [(24, 48, 64), (320, 48, 256)])
-@pytest.mark.parametrize("grad", [False, True])
-def test_bf16_recurrence_is_fp32_arithmetic_on_bf16_operands(input_dim, lstm_dim, proj_dim, grad):
-    # Narrow (one matmul per step) and wide (chunked input products) inference paths, and the
-    # autograd path of training. With AMX, bf16 equals fp32 arithmetic on bf16-rounded operands;
-    # without it, oneDNN computes bf16 requests in fp32, and so must the model.
+SHAPES = [(24, 48, 64), (320, 48, 256)]     # narrow (one matmul per step) and wide (chunked) paths
+NATIVE = precision_mod.cpu_bf16_support() != "none"
+
+
+def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad):
     torch.manual_seed(0)
     layer = BiLstmLayer(input_dim, lstm_dim, proj_dim)
     with torch.no_grad():
         layer.bias.normal_(0.0, 0.5)
-    lengths = [7, 5, 2]
-    x = torch.randn(2, 3, 7, input_dim)
+    x = torch.randn(2, len(lengths), max(lengths), input_dim)
     for b, n in enumerate(lengths):
         x[:, b, n:] = 0.0
-    c0, h0 = torch.zeros(2, 3, lstm_dim), torch.zeros(2, 3, proj_dim)
+    c0, h0 = torch.zeros(2, len(lengths), lstm_dim), torch.zeros(2, len(lengths), proj_dim)
     with torch.set_grad_enabled(grad), resolve_precision("bf16", "cpu").scope():
         out, _, _ = lstm_layer(layer, x.requires_grad_(grad), lengths, c0, h0, 3.0, 3.0, precision="bf16")
-    out = out.detach().double()
-    want = reference_layer(layer, x.detach(), lengths, 3.0, 3.0, round_operands=AMX)
+    return layer, x.detach(), out.detach().double()
+
+
+@pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
+def test_bf16_training_recurrence_is_fp32_arithmetic_on_bf16_operands(input_dim, lstm_dim, proj_dim):
+    # The autograd path: oneDNN's math mode. With AMX, fp32 arithmetic on bf16-rounded operands;
+    # without it, oneDNN computes bf16 requests in fp32, and so must the model.
+    lengths = [7, 5, 2]
+    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=True)
+    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=AMX)
     assert (out - want).abs().max() < 1e-5
-    # bf16 is really in effect (or really not, without AMX): fp32 arithmetic is measurably elsewhere.
-    exact = reference_layer(layer, x.detach(), lengths, 3.0, 3.0, round_operands=False)
+    exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)
     assert ((out - exact).abs().max() > 1e-3) == AMX
+
+
+@pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
+def test_bf16_inference_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim):
+    # The inference paths: bfloat16 operands and products, the bias, gates, cell and clips in
+    # fp32. One step from the zero state matches that arithmetic except where the product's
+    # fp32 accumulation lands on the other side of a bf16 rounding boundary than float64's; over
+    # a sequence such one-unit differences travel on, so the bound is a few bf16 units.
+    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, [1, 1, 1, 1], grad=False)
+    want = reference_layer(layer, x, [1] * 4, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
+    close = (out - want).abs() < 1e-5
+    assert close.double().mean() > 0.98
+    assert (out - want).abs().max() <= 2.0 ** -8 * want.abs().max()
+    lengths = [7, 5, 2]
+    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=False)
+    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
+    assert (out - want).abs().max() <= 2.0 ** -6 * want.abs().max()
+    exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)
+    assert ((out - exact).abs().max() > 1e-3) == NATIVE
+    assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
+
+
+def test_bf16_weights_are_cast_once_and_recast_when_they_change():
+    layer, x, _ = _bf16_run(24, 48, 64, [3, 2], grad=False)
+    if not NATIVE:
+        pytest.skip("this CPU multiplies no bf16: the operands stay fp32")
+    cache = layer.__dict__["_bf16_cache"]
+    joint = cache["joint"][2]
+    c0, h0 = torch.zeros(2, 2, 48), torch.zeros(2, 2, 64)
+    run = lambda: lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0, precision="bf16")[0]  # noqa: E731
+    with torch.no_grad():
+        first = run()
+        assert cache["joint"][2] is joint                        # reused, not recast
+        layer.w_h.mul_(0.5)                                      # an optimizer step, a load_state_dict
+        second = run()
+    assert cache["joint"][2] is not joint and not torch.equal(first, second)
+    torch.testing.assert_close(cache["joint"][2][:, 24:].float(), layer.w_h.detach().bfloat16().float())
 
 
 def test_scope_sets_and_restores_the_cpu_math_mode():

@@ -106,11 +106,10 @@ def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
-    # Under bf16 the bias stays out of the matmul, so it is added in fp32 rather than rounded.
-    fold_bias = precision != "bf16"
+    ops = Operands.pick(precision, layer.w_x.dtype)
     if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
-        return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
-    return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias)
+        return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
+    return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
 
 
 def _run_triton(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
@@ -182,14 +181,45 @@ def _running_rows(lengths: list[int], T: int) -> list[int]:
     return n_run
 
 
+class Operands:
+    """The matmul operands of the inference paths. ``fp32`` (or the model's dtype): the bias folded
+    into the matmul as a weight row, bf16 rounding (if any) left to oneDNN's math mode. ``bf16``:
+    bfloat16 tensors (weights cast once and cached, activations kept in bf16 buffers), fp32
+    accumulation in the matmul, whose output is rounded to bf16; the bias, gates, cell state and
+    clips in fp32. The math mode instead converts both operands on every call, the weights
+    included, which at these shapes costs about as much as the multiply it saves."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.bf16 = dtype == torch.bfloat16
+
+    @staticmethod
+    def pick(precision: str, model_dtype: torch.dtype) -> Operands:
+        from .precision import cpu_bf16_support   # bf16 tensors only where the CPU multiplies them
+        native = precision == "bf16" and model_dtype == torch.float32 and cpu_bf16_support() != "none"
+        return Operands(torch.bfloat16 if native else model_dtype)
+
+    def weights(self, layer: BiLstmLayer, w_h: torch.Tensor, joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([W_x ; W_h] or W_x, W_p)`` in the operand type: ``(2, in (+ P) (+ 1), 4D)``, ``(2, D, P)``."""
+        if not self.bf16:
+            bias = _folded_bias(layer).unsqueeze(1)
+            return (torch.cat([layer.w_x, w_h, bias] if joint else [layer.w_x, bias], dim=1), layer.w_p)
+        if joint:
+            w = _bf16_cached(layer, "joint", (layer.w_x, w_h), lambda: torch.cat([layer.w_x, w_h], dim=1))
+        else:
+            w = _bf16_cached(layer, "w_x", (layer.w_x,), lambda: layer.w_x)
+        return w, _bf16_cached(layer, "w_p", (layer.w_p,), lambda: layer.w_p)
+
+
 class _Cell:
     """The gates of one step, in place: ``c`` is updated for the first n rows, and
-    ``o * tanh(c)`` is returned (a view of a reused buffer)."""
+    ``o * tanh(c)`` is returned (a view of a reused buffer, in the operand type)."""
 
-    def __init__(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None) -> None:
+    def __init__(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None, ops: Operands) -> None:
         self.D, self.cell_clip = layer.lstm_dim, cell_clip
         self.c = c0.clone()
         self.tanh_c = c0.new_empty(c0.shape)
+        self.out = c0.new_empty(c0.shape, dtype=ops.dtype) if ops.bf16 else self.tanh_c
 
     def __call__(self, z: torch.Tensor, n: int) -> torch.Tensor:
         D = self.D
@@ -201,7 +231,7 @@ class _Cell:
         c_n.mul_(f).addcmul_(i, j)
         if self.cell_clip is not None:
             c_n.clamp_(-self.cell_clip, self.cell_clip)
-        return torch.tanh(c_n, out=self.tanh_c[:, :n]).mul_(o)
+        return torch.mul(torch.tanh(c_n, out=self.tanh_c[:, :n]), o, out=self.out[:, :n])
 
 
 def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
@@ -210,60 +240,66 @@ def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
     return bias
 
 
-def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
+def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops=None):
     """:func:`lstm_layer` without autograd, for narrow layers: one matmul per step over
-    ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row; ``fold_bias=False``:
-    ``[x_t ; h_{t-1}]``, the bias added by the matmul in fp32); step t writes ``h_t`` straight
-    into ``xh[:, t + 1]``, where the next step reads it."""
+    ``xh[:, t] = [x_t ; h_{t-1} ; 1]`` (the bias as the last weight row; bf16 :class:`Operands`:
+    ``[x_t ; h_{t-1}]``, the bias added after in fp32); step t writes ``h_t`` straight into
+    ``xh[:, t + 1]``, where the next step reads it."""
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
-    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
-    K = In + P + fold_bias
-    bias = _folded_bias(layer).unsqueeze(1)                          # (2, 1, 4D)
-    w = torch.cat([layer.w_x, w_h, bias] if fold_bias else [layer.w_x, w_h], dim=1)   # (2, K, 4D)
-    xh = x.new_zeros(2, T + 1, B, K)
-    xh[:, :T, :, :In] = x.transpose(1, 2)
-    xh[:, 0, :, In:In + P] = h0
-    if fold_bias:
+    ops = ops or Operands(x.dtype)
+    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip, ops)
+    K = In + P + (not ops.bf16)
+    w, w_p = ops.weights(layer, w_h, joint=True)                      # (2, K, 4D), (2, D, P)
+    # Step-major, so that a step's operand xh[t] is one contiguous (2, B, K) block for the matmul.
+    xh = x.new_zeros(T + 1, 2, B, K, dtype=ops.dtype)
+    xh[:T, :, :, :In] = x.permute(2, 0, 1, 3)
+    xh[0, :, :, In:In + P] = h0
+    if not ops.bf16:
         xh[..., In + P] = 1.0
     z_buf = x.new_empty(2, B, 4 * D)
+    if ops.bf16:
+        bias, zw_buf = _folded_bias(layer).unsqueeze(1), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
     for t in range(T):
         n = n_run[t]
         if n == 0:
             break
-        if fold_bias:
-            z = torch.bmm(xh[:, t, :n], w, out=z_buf[:, :n])
+        if ops.bf16:
+            z = torch.add(torch.bmm(xh[t, :, :n], w, out=zw_buf[:, :n]), bias, out=z_buf[:, :n])
         else:
-            z = torch.baddbmm(bias.expand(2, n, 4 * D), xh[:, t, :n], w, out=z_buf[:, :n])
-        h = xh[:, t + 1, :n, In:In + P]
-        torch.bmm(cell(z, n), layer.w_p, out=h)
+            z = torch.bmm(xh[t, :, :n], w, out=z_buf[:, :n])
+        h = xh[t + 1, :, :n, In:In + P]
+        torch.bmm(cell(z, n), w_p, out=h)
         if proj_clip is not None:
             h.clamp_(-proj_clip, proj_clip)
-    hs = xh[..., In:In + P]                            # (2, T + 1, B, P): h0, h_1, ..., zeros past the end
+    hs = xh[..., In:In + P]                            # (T + 1, 2, B, P): h0, h_1, ..., zeros past the end
     L = torch.tensor(lengths, device=x.device).clamp(max=T)
-    h_final = hs[:, L, torch.arange(B, device=x.device)]   # a row of length L has its final h at slot L
-    return hs[:, 1:].transpose(1, 2), cell.c, h_final
+    h_final = hs[L, :, torch.arange(B, device=x.device)].transpose(0, 1)   # row of length L: slot L
+    return hs[1:].permute(1, 2, 0, 3).to(x.dtype), cell.c, h_final.to(x.dtype)
 
 
-def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fold_bias=True):
+def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops=None):
     """:func:`lstm_layer` without autograd, for wide layers: the input products of a chunk of
     steps (``INPUT_CHUNK_BYTES`` of them) in one matmul, then ``h_{t-1} W_h`` added per step.
-    ``fold_bias``: as in :func:`lstm_inference_joint`."""
+    ``ops``: as in :func:`lstm_inference_joint`."""
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
-    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip)
+    ops = ops or Operands(x.dtype)
+    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip, ops)
     xt = x.transpose(1, 2)                             # (2, T, B, in), a view
-    out = x.new_zeros(2, T, B, P)
-    h = h0
+    out = x.new_zeros(2, T, B, P, dtype=ops.dtype)
+    h = h0.to(ops.dtype)
     chunk = max(1, INPUT_CHUNK_BYTES // (2 * B * 4 * D * x.element_size()))
-    # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul. Both buffers
-    # are reused from chunk to chunk (no fresh 64 MB allocation per chunk).
-    bias = _folded_bias(layer).unsqueeze(1)                          # (2, 1, 4D)
-    w = torch.cat([layer.w_x, bias], dim=1) if fold_bias else layer.w_x   # (2, in + 1, 4D) or (2, in, 4D)
-    x1 = x.new_empty(2, min(chunk, T) * B, In + fold_bias)
-    if fold_bias:
+    # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul (bf16: added
+    # per step in fp32). The buffers are reused from chunk to chunk (no fresh 64 MB allocation).
+    w, w_p = ops.weights(layer, w_h, joint=False)                    # (2, in (+ 1), 4D), (2, D, P)
+    x1 = x.new_empty(2, min(chunk, T) * B, In + (not ops.bf16), dtype=ops.dtype)
+    xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D, dtype=ops.dtype)
+    if ops.bf16:
+        w_h, bias = _bf16_cached(layer, "w_h", (w_h,), lambda: w_h), _folded_bias(layer).unsqueeze(1)
+        z_buf, hw_buf = x.new_empty(2, B, 4 * D), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
+    else:
         x1[..., In] = 1.0
-    xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D)
     for t0 in range(0, T, chunk):
         n0 = n_run[t0]
         if n0 == 0:
@@ -271,25 +307,38 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
         t1 = min(T, t0 + chunk)
         M = (t1 - t0) * n0
         x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
-        if fold_bias:
-            xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M])
-        else:
-            xw = torch.baddbmm(bias.expand(2, M, 4 * D), x1[:, :M], w, out=xw_buf[:, :M])
-        xw = xw.view(2, t1 - t0, n0, 4 * D)
+        xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
         for t in range(t0, t1):
             n = n_run[t]
             if n == 0:
                 break
-            z = xw[:, t - t0, :n]
-            z.baddbmm_(h[:, :n], w_h)
+            if ops.bf16:
+                z = torch.add(xw[:, t - t0, :n], bias, out=z_buf[:, :n])
+                z.add_(torch.bmm(h[:, :n], w_h, out=hw_buf[:, :n]))
+            else:
+                z = xw[:, t - t0, :n].baddbmm_(h[:, :n], w_h)
             h = out[:, t, :n]
-            torch.bmm(cell(z, n), layer.w_p, out=h)
+            torch.bmm(cell(z, n), w_p, out=h)
             if proj_clip is not None:
                 h.clamp_(-proj_clip, proj_clip)
     L = torch.tensor(lengths, device=x.device).clamp(max=T)
     rows = torch.arange(B, device=x.device)
+    out = out.to(x.dtype)
     h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
     return out.transpose(1, 2), cell.c, h_final
+
+
+def _bf16_cached(layer: BiLstmLayer, name: str, sources: tuple[torch.Tensor, ...], make) -> torch.Tensor:
+    """``make()`` in bfloat16, remade only when a source tensor was replaced or changed in place
+    (the entry holds its sources, so a replaced tensor's memory cannot return under the same
+    address and version)."""
+    cache = layer.__dict__.setdefault("_bf16_cache", {})
+    entry = cache.get(name)
+    if entry is None or len(entry[0]) != len(sources) or any(
+            a.data_ptr() != b.data_ptr() or a._version != v for a, b, v in zip(entry[0], sources, entry[1])):
+        entry = cache[name] = (tuple(t.detach() for t in sources), tuple(t._version for t in sources),
+                               make().detach().to(torch.bfloat16))
+    return entry[2]
 
 
 def lstm_reference(
