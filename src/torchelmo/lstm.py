@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from .backend import resolve_backend
+from .precision import cpu_bf16_support
 
 FORGET_BIAS = 1.0
 
@@ -195,7 +196,7 @@ class Operands:
 
     @staticmethod
     def pick(precision: str, model_dtype: torch.dtype) -> Operands:
-        from .precision import cpu_bf16_support   # bf16 tensors only where the CPU multiplies them
+        # bf16 tensors only where the CPU multiplies them (elsewhere they would be emulated, slowly)
         native = precision == "bf16" and model_dtype == torch.float32 and cpu_bf16_support() != "none"
         return Operands(torch.bfloat16 if native else model_dtype)
 
