@@ -51,7 +51,7 @@ def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands, rou
 # Shapes where every matmul, even of one running row, is over PyTorch's 16^3 multiply-adds below
 # which a CPU matmul stays fp32 whatever the math mode.
 SHAPES = [(24, 48, 64), (320, 48, 256)]     # narrow (one matmul per step) and wide (chunked) paths
-NATIVE = precision_mod.cpu_bf16_support() != "none"
+NATIVE = AMX   # bf16 tensors only where AMX multiplies them
 
 
 def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad):
@@ -108,13 +108,35 @@ def test_bf16_weights_are_cast_once_and_recast_when_they_change():
     joint = cache["joint"][2]
     c0, h0 = torch.zeros(2, 2, 48), torch.zeros(2, 2, 64)
     run = lambda: lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0, precision="bf16")[0]  # noqa: E731
-    with torch.no_grad():
+    with torch.no_grad(), resolve_precision("bf16", "cpu").scope():
         first = run()
         assert cache["joint"][2] is joint                        # reused, not recast
         layer.w_h.mul_(0.5)                                      # an optimizer step, a load_state_dict
         second = run()
     assert cache["joint"][2] is not joint and not torch.equal(first, second)
     torch.testing.assert_close(cache["joint"][2][:, 24:].float(), layer.w_h.detach().bfloat16().float())
+    with torch.no_grad():
+        torch.testing.assert_close(run(), lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0)[0])  # no scope: fp32
+
+
+def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
+    # Highway and projection: bf16 weights (cached) and activations, fp32 bias and gates; the
+    # same numbers to bf16 accuracy; autograd (training) keeps fp32 tensors.
+    if not NATIVE:
+        pytest.skip("this CPU multiplies no bf16: the operands stay fp32")
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny")).eval()
+    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
+    with torch.no_grad():
+        exact = model.encoder(ids)
+        model.precision = "bf16"
+        with model.precision_scope():
+            got = model.encoder(ids)
+    assert "_bf16_cache" in model.encoder.proj.__dict__ and "_bf16_cache" in model.encoder.highways[0].proj.__dict__
+    err = (got - exact).abs()
+    assert 0 < err.max() and err.mean() < 0.01 * exact.abs().mean()
+    with model.precision_scope():
+        assert model.encoder(ids).requires_grad                  # the training path: math mode
 
 
 def test_scope_sets_and_restores_the_cpu_math_mode():

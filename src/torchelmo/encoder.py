@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .chars import PAD_CHAR
 from .config import ElmoConfig
+from .operands import linear
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -58,7 +59,7 @@ class Highway(nn.Module):
         self.proj = nn.Linear(dim, 2 * dim)  # rows [0, dim): transform, [dim, 2 dim): carry
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        transform, carry = self.proj(x).split(self.dim, dim=-1)
+        transform, carry = linear(self.proj, x).split(self.dim, dim=-1)
         g = torch.sigmoid(carry)
         return g * F.relu(transform) + (1.0 - g) * x
 
@@ -93,7 +94,7 @@ class CharCNNEncoder(nn.Module):
         h = self._act(self._conv_max(ids, groups))            # (N, n_filters)
         for hw in self.highways:
             h = hw(h)
-        return self.proj(h)
+        return linear(self.proj, h)
 
     def conv_reference(self, ids: torch.Tensor) -> torch.Tensor:
         """``(N, 50)`` -> ``(N, n_filters)``: the char-CNN as written (every width, every position)."""

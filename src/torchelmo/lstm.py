@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from .backend import resolve_backend
-from .precision import cpu_bf16_support
+from .operands import bf16_cached, bf16_operands
 
 FORGET_BIAS = 1.0
 
@@ -107,7 +107,7 @@ def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
-    ops = Operands.pick(precision, layer.w_x.dtype)
+    ops = Operands.pick(x.device.type, layer.w_x.dtype)
     if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
         return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
@@ -183,22 +183,18 @@ def _running_rows(lengths: list[int], T: int) -> list[int]:
 
 
 class Operands:
-    """The matmul operands of the inference paths. ``fp32`` (or the model's dtype): the bias folded
-    into the matmul as a weight row, bf16 rounding (if any) left to oneDNN's math mode. ``bf16``:
-    bfloat16 tensors (weights cast once and cached, activations kept in bf16 buffers), fp32
-    accumulation in the matmul, whose output is rounded to bf16; the bias, gates, cell state and
-    clips in fp32. The math mode instead converts both operands on every call, the weights
-    included, which at these shapes costs about as much as the multiply it saves."""
+    """The matmul operands of the inference paths. The model's dtype: the bias folded into the
+    matmul as a weight row. ``bf16`` (:mod:`torchelmo.operands`): bfloat16 weights cast once,
+    activations kept in bf16 buffers, products rounded to bf16; the bias added after in fp32, and
+    the gates, cell state and clips fp32."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.bf16 = dtype == torch.bfloat16
 
     @staticmethod
-    def pick(precision: str, model_dtype: torch.dtype) -> Operands:
-        # bf16 tensors only where the CPU multiplies them (elsewhere they would be emulated, slowly)
-        native = precision == "bf16" and model_dtype == torch.float32 and cpu_bf16_support() != "none"
-        return Operands(torch.bfloat16 if native else model_dtype)
+    def pick(device_type: str, model_dtype: torch.dtype) -> Operands:
+        return Operands(torch.bfloat16 if bf16_operands(device_type, model_dtype) else model_dtype)
 
     def weights(self, layer: BiLstmLayer, w_h: torch.Tensor, joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``([W_x ; W_h] or W_x, W_p)`` in the operand type: ``(2, in (+ P) (+ 1), 4D)``, ``(2, D, P)``."""
@@ -206,10 +202,10 @@ class Operands:
             bias = _folded_bias(layer).unsqueeze(1)
             return (torch.cat([layer.w_x, w_h, bias] if joint else [layer.w_x, bias], dim=1), layer.w_p)
         if joint:
-            w = _bf16_cached(layer, "joint", (layer.w_x, w_h), lambda: torch.cat([layer.w_x, w_h], dim=1))
+            w = bf16_cached(layer, "joint", (layer.w_x, w_h), lambda: torch.cat([layer.w_x, w_h], dim=1))
         else:
-            w = _bf16_cached(layer, "w_x", (layer.w_x,), lambda: layer.w_x)
-        return w, _bf16_cached(layer, "w_p", (layer.w_p,), lambda: layer.w_p)
+            w = bf16_cached(layer, "w_x", (layer.w_x,), lambda: layer.w_x)
+        return w, bf16_cached(layer, "w_p", (layer.w_p,), lambda: layer.w_p)
 
 
 class _Cell:
@@ -266,7 +262,8 @@ def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, o
         if n == 0:
             break
         if ops.bf16:
-            z = torch.add(torch.bmm(xh[t, :, :n], w, out=zw_buf[:, :n]), bias, out=z_buf[:, :n])
+            # copy then add in place: a mixed-type add would cast into a fresh temporary first
+            z = z_buf[:, :n].copy_(torch.bmm(xh[t, :, :n], w, out=zw_buf[:, :n])).add_(bias)
         else:
             z = torch.bmm(xh[t, :, :n], w, out=z_buf[:, :n])
         h = xh[t + 1, :, :n, In:In + P]
@@ -297,7 +294,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     x1 = x.new_empty(2, min(chunk, T) * B, In + (not ops.bf16), dtype=ops.dtype)
     xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D, dtype=ops.dtype)
     if ops.bf16:
-        w_h, bias = _bf16_cached(layer, "w_h", (w_h,), lambda: w_h), _folded_bias(layer).unsqueeze(1)
+        w_h, bias = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), _folded_bias(layer).unsqueeze(1)
         z_buf, hw_buf = x.new_empty(2, B, 4 * D), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
     else:
         x1[..., In] = 1.0
@@ -314,7 +311,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
             if n == 0:
                 break
             if ops.bf16:
-                z = torch.add(xw[:, t - t0, :n], bias, out=z_buf[:, :n])
+                z = z_buf[:, :n].copy_(xw[:, t - t0, :n]).add_(bias)
                 z.add_(torch.bmm(h[:, :n], w_h, out=hw_buf[:, :n]))
             else:
                 z = xw[:, t - t0, :n].baddbmm_(h[:, :n], w_h)
@@ -327,19 +324,6 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     out = out.to(x.dtype)
     h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
     return out.transpose(1, 2), cell.c, h_final
-
-
-def _bf16_cached(layer: BiLstmLayer, name: str, sources: tuple[torch.Tensor, ...], make) -> torch.Tensor:
-    """``make()`` in bfloat16, remade only when a source tensor was replaced or changed in place
-    (the entry holds its sources, so a replaced tensor's memory cannot return under the same
-    address and version)."""
-    cache = layer.__dict__.setdefault("_bf16_cache", {})
-    entry = cache.get(name)
-    if entry is None or len(entry[0]) != len(sources) or any(
-            a.data_ptr() != b.data_ptr() or a._version != v for a, b, v in zip(entry[0], sources, entry[1])):
-        entry = cache[name] = (tuple(t.detach() for t in sources), tuple(t._version for t in sources),
-                               make().detach().to(torch.bfloat16))
-    return entry[2]
 
 
 def lstm_reference(

@@ -21,6 +21,7 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import warnings
@@ -132,7 +133,17 @@ class Precision:
                 stack.callback(_restore_cpu, saved_cpu)
             if self.autocast_dtype is not None:
                 stack.enter_context(torch.autocast(self.device_type, dtype=self.autocast_dtype))
+            stack.callback(_ACTIVE.reset, _ACTIVE.set(self))
             yield
+
+
+# The precision whose scope is active, for the components that ask (:func:`active_precision`).
+_ACTIVE: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("torchelmo_precision", default=None)
+
+
+def active_precision() -> Precision | None:
+    """The :class:`Precision` whose :meth:`~Precision.scope` the caller runs in (None outside any)."""
+    return _ACTIVE.get()
 
 
 def resolve_precision(name: str, device: torch.device | str) -> Precision:
