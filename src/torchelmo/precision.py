@@ -12,6 +12,9 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
     forward and backward, rounds its operands to bfloat16 and returns fp32. The model stays fp32
     (in training: fp32 master weights and optimizer state). Fast where the CPU has bfloat16
     matrix units (AMX); without them, slower than fp32 (see :func:`cpu_bf16_support`).
+    At inference with AMX, the recurrence, the highway and the token projection multiply
+    bfloat16 tensors instead (:mod:`torchelmo.operands`: weights cast once, products rounded
+    to bfloat16), since the math mode converts the weights again on every call.
   - On CUDA, bfloat16 autocast for the char-CNN and projections, and bfloat16 operands in the
     fused recurrence's kernels.
 * ``auto``: bf16 on a CPU with AMX, fp32 everywhere else (also on CUDA, until a GPU run has
