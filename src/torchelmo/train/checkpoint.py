@@ -21,6 +21,7 @@ import math
 import os
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from ..fileio import GuardedWriter, atomic_path, check_path_name, write_error
 from ..lm import LanguageModel
 from ..vocab import Vocabulary
 from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
+from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs
 
 CHECKPOINT_NAME = "checkpoint.pt"
 KEPT_DIR = "checkpoints"
@@ -198,6 +200,51 @@ def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, bat
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:
         msg = " ".join(str(e).split())[:200]
         raise ElmoError(f"{path}: does not fit the run it configures ({type(e).__name__}: {msg})") from None
+
+
+class Checkpointer:
+    """A run's checkpoints: every rank gathers its part, rank 0 writes ``OUT/checkpoint.pt`` (and
+    keeps the last ``keep_checkpoints``); a resumed run restores everything from one."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device, out: Path,
+                 log: Callable[[str], None]) -> None:
+        self.cfg, self.env, self.device, self.out, self.log = cfg, env, device, out, log
+        self.path = out / CHECKPOINT_NAME
+        self.last_step: int | None = None     # of the last checkpoint written or restored
+
+    def save(self, progress: Progress, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher,
+             state: list | None) -> None:
+        lstm_state = gather_lstm_state(state, self.env)
+        rng = gather_rng(self.env, self.device)
+        self.last_step = progress.step  # on every rank: they must agree on collectives
+        if not self.env.is_main:
+            return
+        ckpt = make_checkpoint(self.cfg, progress, lm, optimizer, batcher.state_dict(), lstm_state, rng,
+                               self.env.world_size)
+        save_checkpoint(ckpt, self.out)
+        if self.cfg.keep_checkpoints:
+            keep_checkpoint(self.out, progress.step, self.cfg.keep_checkpoints)
+
+    def restore(self, ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, batcher
+                ) -> tuple[Progress, list | None]:
+        """The run's progress and this rank's rows of the carried LSTM state; the model,
+        optimizer, data position and RNGs restored in place."""
+        cfg, env = self.cfg, self.env
+        progress = restore(ckpt, lm, optimizer, batcher, self.path, new_data=cfg.new_data)
+        if cfg.new_data:
+            self.log(f"resume: new data: epoch {batcher.epoch} starts on the current training files "
+                     "(model, optimizer and schedule continue)")
+        self.last_step = progress.step
+        state = None
+        if ckpt["lstm_state"] is not None:
+            rows = batcher.rows
+            state = [(c[:, rows.start:rows.stop].to(self.device), h[:, rows.start:rows.stop].to(self.device))
+                     for c, h in ckpt["lstm_state"]]
+        if not restore_rng(ckpt, env.rank, env.world_size, self.device):
+            self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
+                     f"{env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
+            seed_rngs(cfg.seed * 1000 + 1 + env.rank + 7919 * progress.step)
+        return progress, state
 
 
 def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,

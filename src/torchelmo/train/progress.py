@@ -8,7 +8,10 @@ import signal
 import time
 from collections.abc import Callable
 
+import torch.distributed as dist
+
 from ..signals import Interrupts
+from .distributed import DistEnv
 from .metrics import MetricsLog
 
 
@@ -65,3 +68,16 @@ class StopSignals(Interrupts):
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
+
+
+def stop_reason(signals: StopSignals, deadline: float | None, env: DistEnv) -> str | None:
+    """``SIGINT``/``SIGTERM`` after a signal, ``time_limit`` past the deadline, as rank 0 sees it
+    (so that every rank stops at the same step)."""
+    stop = signals.name
+    if stop is None and deadline is not None and time.monotonic() >= deadline:
+        stop = "time_limit"
+    if env.active:
+        box = [stop]
+        dist.broadcast_object_list(box, src=0)
+        stop = box[0]
+    return stop

@@ -26,10 +26,11 @@ from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
-from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs, setup_distributed
+from .distributed import DistEnv, seed_rngs, setup_distributed
 from .metrics import MetricsLog
-from .progress import StopSignals, Window, progress_bar, report
+from .progress import StopSignals, Window, progress_bar, report, stop_reason
 from .step import Stepper
+from .validation import Validator
 
 TRAIN_CONFIG_NAME = "train_config.json"
 
@@ -71,6 +72,28 @@ def build_lm(cfg: TrainConfig, vocab: Vocabulary, log: Callable[[str], None]) ->
                          regularisation=cfg.regularisation())
 
 
+def run_vocabulary(cfg: TrainConfig, out: Path, env: DistEnv) -> Vocabulary:
+    """``cfg.vocab``, or one built from the training corpus (identically on every rank) and saved
+    as the run's ``vocab.txt``, which ``cfg.vocab`` then names (resume reads it)."""
+    if cfg.vocab is not None:
+        return Vocabulary.from_file(cfg.vocab)
+    vocab = Vocabulary.build(cfg.train)
+    cfg.vocab = str(out / "vocab.txt")
+    if env.is_main:
+        vocab.save(cfg.vocab)
+    return vocab
+
+
+def wrap_ddp(lm: LanguageModel, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """``lm`` itself on one rank, else its DistributedDataParallel wrapper."""
+    if not env.active:
+        return lm
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(lm, device_ids=[device.index] if device.type == "cuda" else None,
+               # the adaptive softmax skips the tail clusters no target falls in
+               find_unused_parameters=isinstance(lm.softmax, AdaptiveSoftmax))
+
+
 class Trainer:
     """A training run as a recipe: ``Trainer(cfg)`` decides where it runs (threads, device, ranks),
     :meth:`setup` builds each component in turn (:meth:`_setup_data`, :meth:`_setup_model`,
@@ -88,7 +111,7 @@ class Trainer:
         self._log = log or write     # through tqdm: a log line never lands on the progress bar
         self.state = None            # carried LSTM state (stream batching)
         self.progress = ckpt_io.Progress()
-        self.last_checkpoint_step: int | None = None
+        self.checkpoints = ckpt_io.Checkpointer(cfg, self.env, self.device, self.out, self.log)
 
     def setup(self) -> Trainer:
         self._setup_data()
@@ -100,15 +123,8 @@ class Trainer:
     def _setup_data(self) -> None:
         """The vocabulary (built from the training corpus, identically on every rank, unless
         given) and the batcher."""
-        cfg = self.cfg
-        if cfg.vocab is None:
-            self.vocab = Vocabulary.build(cfg.train)
-            cfg.vocab = str(self.out / "vocab.txt")   # the run's vocabulary file (resume reads it)
-            if self.env.is_main:
-                self.vocab.save(cfg.vocab)
-        else:
-            self.vocab = Vocabulary.from_file(cfg.vocab)
-        self.batcher = make_batcher(cfg, self.vocab, self.env)
+        self.vocab = run_vocabulary(self.cfg, self.out, self.env)
+        self.batcher = make_batcher(self.cfg, self.vocab, self.env)
 
     def _setup_model(self) -> None:
         cfg = self.cfg
@@ -129,16 +145,14 @@ class Trainer:
         """The checkpoint's state when resuming (else the dropout streams' seeds), then the DDP
         wrapper and the stepper."""
         if self.resumed is not None:
-            self._restore(self.resumed)
+            self.progress, self.state = self.checkpoints.restore(self.resumed, self.lm, self.optimizer, self.batcher)
+            self._set_lr()
+            self.log(f"resumed from {self.checkpoints.path} at step {self.step}")
         else:
             seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
-        self.model: torch.nn.Module = self.lm
-        if self.env.active:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            self.model = DDP(self.lm, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                             # the adaptive softmax skips the tail clusters no target falls in
-                             find_unused_parameters=isinstance(self.lm.softmax, AdaptiveSoftmax))
+        self.model = wrap_ddp(self.lm, self.env, self.device)
         self.stepper = Stepper(self.cfg, self.env, self.device, self.model, self.lm, self.optimizer, self.batcher)
+        self.validate_at = Validator(self.cfg, self.env, self.lm, self.out, self.log)
 
     def cleanup(self) -> None:
         """Tear down the process group, if this run started one."""
@@ -159,41 +173,8 @@ class Trainer:
         if self.env.is_main:
             self._log(msg)
 
-    def evaluate(self) -> dict:
-        """Validation perplexity (``cfg.eval_mode``) of the current model."""
-        cfg = self.cfg
-        return self.lm.perplexity(cfg.valid, cfg.eval_mode, batch_size=cfg.eval_batch_size, unroll=cfg.unroll)
-
-    # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        state = gather_lstm_state(self.state, self.env)
-        rng = gather_rng(self.env, self.device)
-        self.last_checkpoint_step = self.step  # on every rank: they must agree on collectives
-        if not self.env.is_main:
-            return
-        ckpt = ckpt_io.make_checkpoint(self.cfg, self.progress, self.lm, self.optimizer, self.batcher.state_dict(),
-                                       state, rng, self.env.world_size)
-        ckpt_io.save_checkpoint(ckpt, self.out)
-        if self.cfg.keep_checkpoints:
-            ckpt_io.keep_checkpoint(self.out, self.step, self.cfg.keep_checkpoints)
-
-    def _restore(self, ckpt: dict) -> None:
-        self.progress = ckpt_io.restore(ckpt, self.lm, self.optimizer, self.batcher,
-                                         self.out / ckpt_io.CHECKPOINT_NAME, new_data=self.cfg.new_data)
-        if self.cfg.new_data:
-            self.log(f"resume: new data: epoch {self.batcher.epoch} starts on the current training files "
-                     "(model, optimizer and schedule continue)")
-        self.last_checkpoint_step = self.step
-        if ckpt["lstm_state"] is not None:
-            rows = self.batcher.rows
-            self.state = [(c[:, rows.start:rows.stop].to(self.device), h[:, rows.start:rows.stop].to(self.device))
-                          for c, h in ckpt["lstm_state"]]
-        if not restore_rng(ckpt, self.env.rank, self.env.world_size, self.device):
-            self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
-                     f"{self.env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
-            seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
-        self._set_lr()
-        self.log(f"resumed from {self.out / ckpt_io.CHECKPOINT_NAME} at step {self.step}")
+        self.checkpoints.save(self.progress, self.lm, self.optimizer, self.batcher, self.state)
 
     def _set_lr(self) -> None:
         lr = self.cfg.learning_rate * self.progress.lr_scale * self.cfg.lr_factor(self.step)
@@ -205,44 +186,13 @@ class Trainer:
         """One optimizer step over ``micro`` batches; returns (global loss, global targets)."""
         loss, n_global, grad_norm, self.state = self.stepper.gradients(micro, self.state, self.step)
         if not math.isfinite(loss) or not math.isfinite(grad_norm):
-            self._diverged(loss, grad_norm)
+            raise _diverged(loss, grad_norm, self.step + 1, self.checkpoints)
         self._set_lr()
         self.optimizer.step()
         return loss, n_global
 
-    def _diverged(self, loss: float, grad_norm: float) -> None:
-        where = (f"the last good checkpoint is {self.out / ckpt_io.CHECKPOINT_NAME} (step "
-                 f"{self.last_checkpoint_step})" if self.last_checkpoint_step is not None
-                 else "no checkpoint was written yet")
-        what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
-        raise ElmoError(f"training stopped: the {what} is {value} at step {self.step + 1}; {where}. Lower the "
-                        "learning rate (--lr) or resume from the checkpoint with --resume")
-
     def validate(self, metrics: MetricsLog | None) -> dict | None:
-        """Validation on rank 0 (best model saved, lr decayed), its bookkeeping broadcast to all."""
-        p, result = self.progress, None
-        if self.env.is_main:
-            t0 = time.perf_counter()
-            r = self.evaluate()
-            result = {"step": self.step, "valid_ppl_forward": r["ppl_forward"], "valid_ppl_backward": r["ppl_backward"],
-                      "valid_ppl_mean": r["ppl_mean"], "valid_tokens": r["tokens"],
-                      "valid_seconds": round(time.perf_counter() - t0, 1)}
-            metrics.record(result)
-            self.log(f"step {self.step} validation ppl forward {r['ppl_forward']:.2f} backward "
-                     f"{r['ppl_backward']:.2f} mean {r['ppl_mean']:.2f}")
-            if r["ppl_mean"] < p.best:
-                p.best, p.bad_evals = r["ppl_mean"], 0
-                self.lm.save_pretrained(self.out / "best", extra={"train": {"steps": self.step, "valid": result}})
-            else:
-                p.bad_evals += 1
-                if self.cfg.lr_decay < 1.0:
-                    p.lr_scale *= self.cfg.lr_decay
-                    self.log(f"validation did not improve: lr x {self.cfg.lr_decay} -> "
-                             f"{self.cfg.learning_rate * p.lr_scale:.3g}")
-        if self.env.active:
-            obj = [(p.best, p.bad_evals, p.lr_scale)]
-            dist.broadcast_object_list(obj, src=0)
-            p.best, p.bad_evals, p.lr_scale = obj[0]
+        result = self.validate_at(self.progress, metrics)
         self._set_lr()
         return result
 
@@ -288,76 +238,80 @@ class Trainer:
                         window = Window()
                     if cfg.valid and self.step % cfg.eval_every == 0:
                         last_eval = self.validate(metrics)
-                        p.last_valid_step = self.step
                         stopped_early = cfg.patience is not None and p.bad_evals >= cfg.patience
                     if self.step % cfg.checkpoint_every == 0 or stopped_early:
                         self.save_checkpoint()
                     if stopped_early:
                         self.log(f"early stopping at step {self.step}: no improvement in {cfg.patience} evaluations")
                         break
-                    stop = None if done() else self._stop_reason(signals, deadline)
+                    stop = None if done() else stop_reason(signals, deadline, self.env)
                     if stop:
                         if window.tokens:
                             self._log_window(window, metrics, bar)
-                        if self.last_checkpoint_step != self.step:
+                        if self.checkpoints.last_step != self.step:
                             self.save_checkpoint()
                         why = (f"time limit of {cfg.time_limit:g} min reached" if stop == "time_limit"
                                else f"stopped by {stop}")
                         self.log(f"{why} at step {self.step}: checkpoint written; continue with --resume")
-                        return self._summary(n_params, last_eval, stopped=stop)
+                        return self._done(_summary(p, n_params, last_eval, self.out, stop))
                 last_eval = self._finish(metrics, last_eval)
         finally:
             if bar is not None:
                 bar.close()
             if metrics is not None:
                 metrics.close()
-        return self._summary(n_params, last_eval)
+        return self._done(_summary(p, n_params, last_eval, self.out))
+
+    def _done(self, summary: dict) -> dict:
+        self.log(f"{'stopped' if 'stopped' in summary else 'done'}: {json.dumps(summary)}")
+        return summary
 
     def _log_window(self, window: Window, metrics: MetricsLog | None, bar) -> None:
         p = self.progress
         report(window.entry(self.step, self.batcher.epoch, self.optimizer.param_groups[0]["lr"], p.tokens_seen,
                             p.elapsed), metrics, bar, self.log)
 
-    def _stop_reason(self, signals: StopSignals, deadline: float | None) -> str | None:
-        """``SIGINT``/``SIGTERM`` after a signal, ``time_limit`` past the deadline, as rank 0 sees
-        it (so that every rank stops at the same step)."""
-        stop = signals.name
-        if stop is None and deadline is not None and time.monotonic() >= deadline:
-            stop = "time_limit"
-        if self.env.active:
-            box = [stop]
-            dist.broadcast_object_list(box, src=0)
-            stop = box[0]
-        return stop
-
     def _finish(self, metrics: MetricsLog | None, last_eval: dict | None) -> dict | None:
         """A final validation and checkpoint, and the model directories (rank 0)."""
         cfg, p = self.cfg, self.progress
         if cfg.valid and p.last_valid_step != self.step:
             last_eval = self.validate(metrics)
-            p.last_valid_step = self.step
         elif cfg.valid and last_eval is None and metrics is not None:
             last_eval = metrics.last_valid   # a resumed run that had validated this step already
-        if self.last_checkpoint_step != self.step:
+        if self.checkpoints.last_step != self.step:
             self.save_checkpoint()
         if self.env.is_main:
-            extra = {"train": {"steps": self.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
-                               "config": asdict(cfg)}}
-            self.lm.save_pretrained(self.out / "model", extra=extra)
-            self.lm.bilm.export_published(self.out / "published")
-            if not (self.out / "best").is_dir():  # no validation set: best = final
-                self.lm.save_pretrained(self.out / "best", extra=extra)
+            _write_models(self.lm, self.out, {"train": {"steps": self.step, "tokens": p.tokens_seen,
+                                                        "seconds": round(p.elapsed, 1), "config": asdict(cfg)}})
         return last_eval
 
-    def _summary(self, n_params: int, last_eval: dict | None, stopped: str | None = None) -> dict:
-        p = self.progress
-        summary = {"steps": self.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
-                   "parameters": n_params, "best_valid_ppl_mean": None if math.isinf(p.best) else p.best,
-                   "valid": last_eval, "out_dir": str(self.out)}
-        if stopped:
-            summary["stopped"] = stopped
-        self.log(f"{'stopped' if stopped else 'done'}: {json.dumps(summary)}")
-        return summary
+
+
+def _write_models(lm: LanguageModel, out: Path, extra: dict) -> None:
+    """The final model directories: ``model/``, ``published/``, and ``best/`` if no validation
+    made one (best = final)."""
+    lm.save_pretrained(out / "model", extra=extra)
+    lm.bilm.export_published(out / "published")
+    if not (out / "best").is_dir():
+        lm.save_pretrained(out / "best", extra=extra)
+
+
+def _diverged(loss: float, grad_norm: float, step: int, checkpoints: ckpt_io.Checkpointer) -> ElmoError:
+    where = (f"the last good checkpoint is {checkpoints.path} (step {checkpoints.last_step})"
+             if checkpoints.last_step is not None else "no checkpoint was written yet")
+    what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
+    return ElmoError(f"training stopped: the {what} is {value} at step {step}; {where}. Lower the "
+                     "learning rate (--lr) or resume from the checkpoint with --resume")
+
+
+def _summary(p: ckpt_io.Progress, n_params: int, last_eval: dict | None, out: Path,
+             stopped: str | None = None) -> dict:
+    summary = {"steps": p.step, "tokens": p.tokens_seen, "seconds": round(p.elapsed, 1),
+               "parameters": n_params, "best_valid_ppl_mean": None if math.isinf(p.best) else p.best,
+               "valid": last_eval, "out_dir": str(out)}
+    if stopped:
+        summary["stopped"] = stopped
+    return summary
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_from: dict | None = None) -> dict:

@@ -1,0 +1,57 @@
+"""Validation during training: the held-out perplexity on rank 0, the best model kept in
+``OUT/best``, the learning rate decayed when validation stops improving, and that bookkeeping
+shared with every rank."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..lm import LanguageModel
+from .checkpoint import Progress
+from .config import TrainConfig
+from .distributed import DistEnv
+from .metrics import MetricsLog
+
+
+class Validator:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, lm: LanguageModel, out: Path,
+                 log: Callable[[str], None]) -> None:
+        self.cfg, self.env, self.lm, self.out, self.log = cfg, env, lm, out, log
+
+    def evaluate(self) -> dict:
+        """Validation perplexity (``cfg.eval_mode``) of the current model."""
+        cfg = self.cfg
+        return self.lm.perplexity(cfg.valid, cfg.eval_mode, batch_size=cfg.eval_batch_size, unroll=cfg.unroll)
+
+    def __call__(self, p: Progress, metrics: MetricsLog | None) -> dict | None:
+        """Validate at ``p.step``: updates ``p``'s best, bad evaluations and lr scale on every
+        rank; returns the metrics line (rank 0) or None."""
+        result = None
+        if self.env.is_main:
+            t0 = time.perf_counter()
+            r = self.evaluate()
+            result = {"step": p.step, "valid_ppl_forward": r["ppl_forward"], "valid_ppl_backward": r["ppl_backward"],
+                      "valid_ppl_mean": r["ppl_mean"], "valid_tokens": r["tokens"],
+                      "valid_seconds": round(time.perf_counter() - t0, 1)}
+            metrics.record(result)
+            self.log(f"step {p.step} validation ppl forward {r['ppl_forward']:.2f} backward "
+                     f"{r['ppl_backward']:.2f} mean {r['ppl_mean']:.2f}")
+            if r["ppl_mean"] < p.best:
+                p.best, p.bad_evals = r["ppl_mean"], 0
+                self.lm.save_pretrained(self.out / "best", extra={"train": {"steps": p.step, "valid": result}})
+            else:
+                p.bad_evals += 1
+                if self.cfg.lr_decay < 1.0:
+                    p.lr_scale *= self.cfg.lr_decay
+                    self.log(f"validation did not improve: lr x {self.cfg.lr_decay} -> "
+                             f"{self.cfg.learning_rate * p.lr_scale:.3g}")
+        if self.env.active:
+            obj = [(p.best, p.bad_evals, p.lr_scale)]
+            dist.broadcast_object_list(obj, src=0)
+            p.best, p.bad_evals, p.lr_scale = obj[0]
+        p.last_valid_step = p.step
+        return result
