@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -572,3 +573,38 @@ def test_a_model_larger_than_the_memory_left_is_refused_before_allocation(tmp_pa
                             "--model", tmp_path / "m"], message)
     monkeypatch.setattr(runtime, "available_memory", lambda: need)
     assert BiLM.from_pretrained(tmp_path / "m").config == model.config
+
+
+def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
+    # Options files, LM descriptions, train configs, probe results and ELMoForManyLangs configs
+    # share one reader: missing, not UTF-8, not JSON or not an object is one line naming the file
+    # (the LM description and the train config used to raise a bare UnicodeDecodeError).
+    from torchelmo import ElmoConfig
+    from torchelmo.fileio import read_json
+    from torchelmo.lm import EXTRA_CONFIG_NAME, read_lm_meta
+    from torchelmo.manylangs.files import _read_json as manylangs_config
+    from torchelmo.probe.report import load_results
+
+    bad = {"latin1.json": b'{"name": "caf\xe9"}', "cut.json": b'{"lstm": ', "list.json": b"[1, 2]"}
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    want = {"latin1.json": "latin1.json: not UTF-8 text (byte 13)", "cut.json": "cut.json: not valid JSON (line 1",
+            "list.json": "list.json: a train config must be a JSON object, got list"}
+    for name, msg in want.items():
+        with pytest.raises(ElmoError, match=re.escape(msg)):
+            read_json(tmp_path / name, "train config")
+        one_line_error(capsys, ["train", "--config", tmp_path / name, "--out", tmp_path / "run"], name)
+    with pytest.raises(ElmoError, match="absent.json: no such options file"):
+        ElmoConfig.from_json_file(tmp_path / "absent.json")
+    with pytest.raises(ElmoError, match="latin1.json: not UTF-8 text"):
+        ElmoConfig.from_json_file(tmp_path / "latin1.json")
+    with pytest.raises(ElmoError, match="list.json: a probe results file must be a JSON object"):
+        load_results(tmp_path / "list.json")
+    with pytest.raises(ElmoError, match="cut.json: not valid JSON"):
+        manylangs_config(tmp_path / "cut.json")
+    model = tmp_path / "lm"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / EXTRA_CONFIG_NAME).write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ElmoError, match=f"{EXTRA_CONFIG_NAME}: not UTF-8 text"):
+        read_lm_meta(model)

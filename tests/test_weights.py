@@ -105,7 +105,7 @@ def test_bad_json(tmp_path):
     p.write_text('{"lstm": ')
     with pytest.raises(ElmoError, match="not valid JSON"):
         ElmoConfig.from_json_file(p)
-    with pytest.raises(ElmoError, match="cannot read options file"):
+    with pytest.raises(ElmoError, match="absent.json: no such options file"):
         ElmoConfig.from_json_file(tmp_path / "absent.json")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .chars import MAX_CHARS
 from .errors import ElmoError
+from .fileio import read_json
 
 # Keys bilm-tf writes into training configs; harmless at inference, so accepted and ignored.
 TRAINING_KEYS = {
@@ -177,18 +178,7 @@ class ElmoConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> ElmoConfig:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ElmoError(f"{path}: cannot read options file ({e.strerror})") from None
-        except UnicodeDecodeError as e:
-            raise ElmoError(f"{path}: not UTF-8 text (byte {e.start}); an options file is JSON") from None
-        try:
-            options = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ElmoError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-        return cls.from_options(options, source=str(path))
+        return cls.from_options(read_json(path, "options file", expect=None), source=str(path))
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_options(), indent=2) + "\n", encoding="utf-8")

@@ -14,12 +14,16 @@ name is not running here. Files of other hosts are never touched (their locks ma
 machine). Where the lock is unavailable (not Linux, or a file system without it), the rule is the
 older one: same host and PID no longer running. Files of the still older ``.NAME.RANDOM.tmp``
 naming are removed when untouched for an hour.
+
+:func:`read_json` is the one reader of the small JSON files (options, configs, model
+descriptions): every way such a file can be unreadable is a one-line error naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import socket
@@ -29,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import ElmoError
 
@@ -165,6 +170,29 @@ def check_destination(path: str | Path, directory: bool = False) -> None:
         raise write_error(path, OSError(errno.EROFS, os.strerror(errno.EROFS)))
     if not os.access(place, os.W_OK | os.X_OK):
         raise write_error(path, OSError(errno.EACCES, f"{os.strerror(errno.EACCES)} ({place})"))
+
+
+def read_json(path: str | Path, what: str = "JSON file", expect: type | None = dict) -> Any:
+    """The JSON value in ``path``; a missing or unreadable file, bytes that are not UTF-8, text
+    that is not JSON, or (``expect``) a value of another type is an :class:`ElmoError` naming the
+    file and calling it ``what``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ElmoError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise ElmoError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ElmoError(f"{path}: not UTF-8 text (byte {e.start}); a {what} is JSON") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ElmoError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if expect is not None and not isinstance(value, expect):
+        raise ElmoError(f"{path}: a {what} must be a JSON object, got {type(value).__name__}" if expect is dict
+                        else f"{path}: a {what} must be a JSON {expect.__name__}, got {type(value).__name__}")
+    return value
 
 
 def write_error(path: str | Path, e: OSError, what: str = "cannot write") -> ElmoError:

@@ -16,7 +16,6 @@ starts a new LM from a trained one with a new vocabulary (fine-tuning on domain 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from .config import ElmoConfig
 from .corpus import Corpus
 from .data import Batch, SentenceBatcher, StreamBatcher, sentences_batch
 from .errors import ElmoError
+from .fileio import read_json
 from .registry import check_model_name, is_published
 from .softmax import (
     AdaptiveSoftmax,
@@ -308,10 +308,7 @@ def read_lm_meta(model_dir: Path, name: str | None = None) -> dict:
     if not meta_path.is_file():
         raise ElmoError(f"{name}: a biLM without a softmax layer (no {EXTRA_CONFIG_NAME}); it cannot "
                         "score text. Train one with `elmo train`, or start from it with --init-from")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ElmoError(f"{meta_path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    meta = read_json(meta_path, "LM description")
     if meta.get("format") != LM_FORMAT:
         raise ElmoError(f"{meta_path}: not an elmo LM description (format {meta.get('format')!r})")
     return meta

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..errors import ElmoError
+from ..fileio import read_json
 from ..precision import CHOICES as PRECISION_CHOICES
 from ..precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
@@ -105,13 +104,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
         given["progress"] = False
     base: dict[str, Any] = {}
     if getattr(args, "config", None):
-        try:
-            base = json.loads(Path(args.config).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ElmoError(f"{args.config}: cannot read train config ({e})") from None
-        if not isinstance(base, dict):
-            raise ElmoError(f"{args.config}: a train config is a JSON object of options, got a "
-                            f"{type(base).__name__}")
+        base = read_json(args.config, "train config")
     return {**base, **given}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import ElmoError
+from ..fileio import read_json
 from .vocab import ONE_FIELD_TOKEN
 
 CONFIG_NAME = "config.json"
@@ -53,13 +53,9 @@ def _read_text(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(_read_text(path))
-    except json.JSONDecodeError as e:
-        raise ElmoError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(value, dict):
-        raise ElmoError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    if not path.exists():
+        raise _missing(path)
+    return read_json(path, "model config")
 
 
 def read_lexicon(path: str | Path, specials: Sequence[str] = ()) -> dict[str, int]:

@@ -17,7 +17,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from ..fileio import atomic_path
+from ..fileio import atomic_path, read_json
 from .common import layer_names
 
 # Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).
@@ -109,10 +109,7 @@ def summarize_ner(res: dict) -> dict:
 
 
 def load_results(path: Path) -> dict:
-    if path.is_file():
-        with open(path) as f:
-            return json.load(f)
-    return {}
+    return read_json(path, "probe results file") if path.is_file() else {}
 
 
 def write_results(path: Path, results: dict) -> None:
