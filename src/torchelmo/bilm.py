@@ -74,26 +74,37 @@ def lm_sequences(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
 def add_sentence_boundaries(char_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``(B, T, 50)`` char ids of sentences -> ``(B, T + 2, 50)`` with ``<S>`` first and ``</S>``
     after each row's last token (the tensor form of :func:`lm_sequences`' forward view)."""
-    B, T, C = char_ids.shape
     device = char_ids.device
-    ids = char_ids.new_zeros(B, T + 2, C)
-    ids[:, 1:T + 1] = char_ids
-    ids[:, 0] = torch.tensor(BOS_IDS, device=device)
-    ids[torch.arange(B, device=device), lengths + 1] = torch.tensor(EOS_IDS, device=device)
-    return ids
+    return with_boundaries(char_ids, lengths.to(device), torch.tensor(BOS_IDS, device=device),
+                           torch.tensor(EOS_IDS, device=device))
 
 
-def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def with_boundaries(char_ids: torch.Tensor, lengths: torch.Tensor, bos: torch.Tensor, eos: torch.Tensor
+                    ) -> torch.Tensor:
+    """:func:`add_sentence_boundaries` with the marker ids ``bos``, ``eos`` ``(50,)`` given: no
+    global constants and no in-place writes, so TorchScript and ONNX export take it as it is."""
+    B, T, C = char_ids.shape
+    pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)                 # (1, T + 2)
+    ids = torch.cat([bos.view(1, 1, C).expand(B, 1, C), char_ids, char_ids.new_zeros(B, 1, C)], dim=1)
+    return torch.where((pos == (lengths + 1).unsqueeze(1)).unsqueeze(-1), eos.view(1, 1, C), ids)
+
+
+def reversal_index(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """``(B, T)``: position t of a row of length L reads ``L - 1 - t`` (``t`` past the end)."""
+    t = torch.arange(T, device=lengths.device).unsqueeze(0)
+    L = lengths.unsqueeze(1)
+    return torch.where(t < L, L - 1 - t, t)
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
     """Reverse each row of ``x (..., B, T, F)`` within its own length; padding stays in place.
+    ``index``: :func:`reversal_index` of ``lengths``, when the caller reuses it.
 
     It is its own inverse, which is how backward outputs are re-aligned.
     """
-    B, T = x.shape[-3], x.shape[-2]
-    t = torch.arange(T, device=x.device).expand(B, T)
-    L = lengths.to(x.device).unsqueeze(1)
-    idx = torch.where(t < L, L - 1 - t, t)
-    idx = idx.unsqueeze(-1).expand(x.shape)
-    return x.gather(-2, idx)
+    if index is None:
+        index = reversal_index(lengths.to(x.device), x.shape[-2])
+    return x.gather(-2, index.unsqueeze(-1).expand(x.shape))
 
 
 def sequence_dropout(x: torch.Tensor, p: float, variational: bool) -> torch.Tensor:

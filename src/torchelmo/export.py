@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import weights
-from .bilm import BiLM
+from .bilm import BiLM, reversal_index, reverse_padded, with_boundaries
 from .chars import BOS_IDS, EOS_IDS, batch_to_ids
 from .encoder import PAD_ID
 from .errors import ElmoError
@@ -170,11 +170,8 @@ class ExportableBiLM(nn.Module):
         # Longest row first (the recurrence then runs a shrinking prefix of rows); restored at the end.
         lengths, order = torch.sort(mask.sum(dim=1), descending=True)
         char_ids = char_ids.index_select(0, order)
-        # <S> first, </S> after each row's last token, padding after that.
+        ids = with_boundaries(char_ids, lengths, self.bos, self.eos)             # (B, T + 2, C)
         pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)          # (1, T + 2)
-        ids = torch.cat([self.bos.view(1, 1, C).expand(B, 1, C), char_ids,
-                         char_ids.new_zeros(B, 1, C)], dim=1)
-        ids = torch.where((pos == (lengths + 1).unsqueeze(1)).unsqueeze(-1), self.eos.view(1, 1, C), ids)
         full = pos < (lengths + 2).unsqueeze(1)                                  # (B, T + 2)
         # Only real positions go through the char-CNN; padding positions take a zero row.
         valid = full.reshape(-1)
@@ -182,15 +179,14 @@ class ExportableBiLM(nn.Module):
         slot = torch.where(valid, valid.long().cumsum(0) - 1, torch.full_like(valid, enc.shape[0], dtype=torch.long))
         e = torch.cat([enc, enc.new_zeros(1, enc.shape[1])]).index_select(0, slot).view(B, T + 2, -1)
         # Each row reversed within its own length: the backward LM's reading order (an involution).
-        L = (lengths + 2).unsqueeze(1)
-        rev = torch.where(pos < L, L - 1 - pos, pos).unsqueeze(-1).expand(B, T + 2, e.shape[-1])
-        x = torch.stack([e, e.gather(1, rev)])                                     # (2, B, T + 2, P)
+        rev = reversal_index(lengths + 2, T + 2)
+        x = torch.stack([e, reverse_padded(e, lengths + 2, rev)])                 # (2, B, T + 2, P)
         layers = [torch.cat([e, e], dim=-1)]
         for k, layer in enumerate(self.lstm):
             out = self.run_layer(layer, x, lengths + 2)
             if self.skip and k > 0:
                 out = out + x
-            layers.append(torch.cat([out[0], out[1].gather(1, rev)], dim=-1))
+            layers.append(torch.cat([out[0], reverse_padded(out[1], lengths + 2, rev)], dim=-1))
             x = out
         stack = torch.stack(layers)[:, :, 1:T + 1].index_select(1, torch.argsort(order))
         # unsqueeze, not view(1, B, T, 1): in ONNX a 0 in a reshape target copies the input's size.
