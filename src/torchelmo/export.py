@@ -6,8 +6,8 @@ at padding) and the mask ``(B, T)``; batch size and length are dynamic. It compu
 :class:`~torchelmo.bilm.BiLM` computes in evaluation mode from the zero state, in a form the
 compilers accept:
 
-* the char-CNN as plain convolutions with a max over positions (the eager encoder's
-  deduplication, length grouping and ``unfold`` have no ONNX or TorchScript form);
+* the char-CNN as plain convolutions with a max over positions, each distinct token once (the
+  eager encoder's length grouping and ``unfold`` have no ONNX or TorchScript form);
 * both LSTM directions as one loop over time, the rows sorted longest first inside the graph
   (and restored at the end) so that step t runs the prefix of rows still going, as the eager
   path does, with the lengths as tensors rather than Python integers.
@@ -51,21 +51,23 @@ MIN_OPSET, MAX_OPSET = 13, 20
 
 
 class _LstmLayer(nn.Module):
-    """One layer, both directions: ``w_x (2, in, 4D)``, ``w_h (2, P, 4D)``, ``bias (2, 4D)``
-    (forget bias folded in), ``w_p (2, D, P)``. The gate columns are reordered from the model's
-    ``[i, j, f, o]`` to ``[i, f, o, j]``, so that one sigmoid and one tanh cover a step's gates."""
+    """One layer, each direction d in 0 (forward), 1 (backward) its own 2-D matrices:
+    ``w0_d (in + P, 4D)`` (the published ``[W_x ; W_h]``), ``b_d (4D,)`` (forget bias folded in),
+    ``wp_d (D, P)``. Two-dimensional constant weights are what ONNX Runtime packs once when the
+    session loads; a direction-stacked (2, K, N) weight it would pack again on every step. The
+    gate columns are reordered from the model's ``[i, j, f, o]`` to ``[i, f, o, j]``, so that one
+    sigmoid and one tanh cover a step's gates."""
 
-    def __init__(self, w0: torch.Tensor, b: torch.Tensor, w_p: torch.Tensor, in_dim: int) -> None:
+    def __init__(self, w0: torch.Tensor, b: torch.Tensor, w_p: torch.Tensor) -> None:
         super().__init__()
         D = w_p.shape[1]
         b = b.clone()
         b[:, 2 * D:3 * D] += FORGET_BIAS
         order = torch.cat([torch.arange(0, D), torch.arange(2 * D, 4 * D), torch.arange(D, 2 * D)])
         w0, b = w0[..., order], b[..., order]
-        self.w_x = nn.Parameter(w0[:, :in_dim].contiguous())
-        self.w_h = nn.Parameter(w0[:, in_dim:].contiguous())
-        self.bias = nn.Parameter(b)
-        self.w_p = nn.Parameter(w_p.contiguous())
+        self.w0_0, self.w0_1 = nn.Parameter(w0[0].contiguous()), nn.Parameter(w0[1].contiguous())
+        self.b_0, self.b_1 = nn.Parameter(b[0].contiguous()), nn.Parameter(b[1].contiguous())
+        self.wp_0, self.wp_1 = nn.Parameter(w_p[0].contiguous()), nn.Parameter(w_p[1].contiguous())
 
 
 class ExportableBiLM(nn.Module):
@@ -112,7 +114,7 @@ class ExportableBiLM(nn.Module):
             cell = [f"RNN_{d}/RNN/MultiRNNCell/Cell{k}/LSTMCell" for d in range(2)]
             self.lstm.append(_LstmLayer(torch.stack([a[f"{c}/W_0"] for c in cell]),
                                         torch.stack([a[f"{c}/B"] for c in cell]),
-                                        torch.stack([a[f"{c}/W_P_0"] for c in cell]), cfg.projection_dim))
+                                        torch.stack([a[f"{c}/W_P_0"] for c in cell])))
         self.register_buffer("bos", torch.tensor(BOS_IDS, dtype=torch.long), persistent=False)
         self.register_buffer("eos", torch.tensor(EOS_IDS, dtype=torch.long), persistent=False)
         self.requires_grad_(False)
@@ -142,12 +144,11 @@ class ExportableBiLM(nn.Module):
         batch, shrinking as rows end), as the eager path does; both directions' inputs are in
         reading order with padding last, so a row's valid steps are a prefix."""
         B, S = x.shape[1], x.shape[2]
-        D, P = layer.w_p.shape[1], layer.w_p.shape[2]
-        # The input products of all steps as one (S B, in) x (in, 4D) product per direction (ONNX
-        # Runtime runs a (S, 2, B, in) x (2, in, 4D) broadcast as S x 2 small ones, 5x slower),
-        # then time-major, so that a step's inputs are one contiguous block.
-        xw = torch.matmul(x.transpose(1, 2).reshape(2, S * B, x.shape[3]), layer.w_x)
-        xw = (xw.view(2, S, B, 4 * D) + layer.bias.view(2, 1, 1, 4 * D)).transpose(0, 1)  # (S, 2, B, 4D)
+        D, P = layer.wp_0.shape[0], layer.wp_0.shape[1]
+        # One product per step over [x_t ; h_{t-1}] of the running rows only, as the eager path
+        # does for narrow layers: inputs at padding positions are never multiplied (precomputing
+        # every position's input product did that, at about twice the cost on ragged batches).
+        xt = x.permute(2, 0, 1, 3)                                          # (S, 2, B, in)
         running = (lengths.unsqueeze(0) > torch.arange(S, device=x.device).unsqueeze(1)).sum(1)   # (S,)
         c = x.new_zeros(2, B, D)
         h = x.new_zeros(2, B, P)
@@ -155,13 +156,15 @@ class ExportableBiLM(nn.Module):
         for t in range(S):
             n = int(running[t])
             c, h = c[:, :n], h[:, :n]
-            z = torch.baddbmm(xw[t, :, :n], h, layer.w_h)
+            a = torch.cat([xt[t, :, :n], h], dim=-1)                     # (2, n, in + P)
+            z = torch.stack([torch.addmm(layer.b_0, a[0], layer.w0_0), torch.addmm(layer.b_1, a[1], layer.w0_1)])
             sig_tanh = torch.split(z, [3 * D, D], dim=-1)               # one Split, not four Slices
             gates = torch.sigmoid(sig_tanh[0]).chunk(3, dim=-1)        # i, f, o
             c = gates[1] * c + gates[0] * torch.tanh(sig_tanh[1])
             if self.use_cell_clip:
                 c = c.clamp(-self.cell_clip, self.cell_clip)
-            h = torch.bmm(gates[2] * torch.tanh(c), layer.w_p)
+            q = gates[2] * torch.tanh(c)
+            h = torch.stack([torch.mm(q[0], layer.wp_0), torch.mm(q[1], layer.wp_1)])
             if self.use_proj_clip:
                 h = h.clamp(-self.proj_clip, self.proj_clip)
             steps.append(F.pad(h, [0, 0, 0, B - n]))
@@ -176,9 +179,12 @@ class ExportableBiLM(nn.Module):
         ids = with_boundaries(char_ids, lengths, self.bos, self.eos)             # (B, T + 2, C)
         pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)          # (1, T + 2)
         full = pos < (lengths + 2).unsqueeze(1)                                  # (B, T + 2)
-        # Only real positions go through the char-CNN; padding positions take a zero row.
+        # Only real positions go through the char-CNN, each distinct token once (ONNX Unique), as
+        # in the eager encoder; padding positions take a zero row.
         valid = full.reshape(-1)
-        enc = self.encode(ids.reshape(-1, C).index_select(0, valid.nonzero().squeeze(1)))   # (V, P)
+        tokens, where = torch.unique(ids.reshape(-1, C).index_select(0, valid.nonzero().squeeze(1)),
+                                     sorted=True, return_inverse=True, dim=0)
+        enc = self.encode(tokens).index_select(0, where)                          # (V, P)
         slot = torch.where(valid, valid.long().cumsum(0) - 1, torch.full_like(valid, enc.shape[0], dtype=torch.long))
         e = torch.cat([enc, enc.new_zeros(1, enc.shape[1])]).index_select(0, slot).view(B, T + 2, -1)
         # Each row reversed within its own length: the backward LM's reading order (an involution).
