@@ -4,6 +4,7 @@ on every path (inference, training step, validation)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 
@@ -16,6 +17,7 @@ from torchelmo import precision as precision_mod
 from torchelmo.cli import main
 from torchelmo.lm import LanguageModel
 from torchelmo.lstm import BiLstmLayer, lstm_layer
+from torchelmo.operands import bf16_cache
 from torchelmo.precision import Precision, resolve_precision
 from torchelmo.train import train
 
@@ -104,17 +106,17 @@ def test_bf16_weights_are_cast_once_and_recast_when_they_change():
     layer, x, _ = _bf16_run(24, 48, 64, [3, 2], grad=False)
     if not NATIVE:
         pytest.skip("this CPU multiplies no bf16: the operands stay fp32")
-    cache = layer.__dict__["_bf16_cache"]
-    joint = cache["joint"][2]
+    joint = bf16_cache(layer)["joint"]
     c0, h0 = torch.zeros(2, 2, 48), torch.zeros(2, 2, 64)
     run = lambda: lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0, precision="bf16")[0]  # noqa: E731
     with torch.no_grad(), resolve_precision("bf16", "cpu").scope():
         first = run()
-        assert cache["joint"][2] is joint                        # reused, not recast
+        assert bf16_cache(layer)["joint"] is joint              # reused, not recast
         layer.w_h.mul_(0.5)                                      # an optimizer step, a load_state_dict
         second = run()
-    assert cache["joint"][2] is not joint and not torch.equal(first, second)
-    torch.testing.assert_close(cache["joint"][2][:, 24:].float(), layer.w_h.detach().bfloat16().float())
+    assert bf16_cache(layer)["joint"] is not joint and not torch.equal(first, second)
+    torch.testing.assert_close(bf16_cache(layer)["joint"][:, 24:].float(), layer.w_h.detach().bfloat16().float())
+    assert "_bf16" not in str(vars(layer)) and not bf16_cache(copy.deepcopy(layer))   # never carried along
     with torch.no_grad():
         torch.testing.assert_close(run(), lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0)[0])  # no scope: fp32
 
@@ -132,7 +134,7 @@ def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
         model.precision = "bf16"
         with model.precision_scope():
             got = model.encoder(ids)
-    assert "_bf16_cache" in model.encoder.proj.__dict__ and "_bf16_cache" in model.encoder.highways[0].proj.__dict__
+    assert "weight" in bf16_cache(model.encoder.proj) and "weight" in bf16_cache(model.encoder.highways[0].proj)
     err = (got - exact).abs()
     assert 0 < err.max() and err.mean() < 0.01 * exact.abs().mean()
     with model.precision_scope():

@@ -12,6 +12,7 @@ every step).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -29,12 +30,23 @@ def bf16_operands(device_type: str, dtype: torch.dtype) -> bool:
             and not torch.is_grad_enabled() and cpu_bf16_support() == "amx")
 
 
+# module -> {name: (sources, their versions, the bf16 tensor)}. Beside the modules, not on them,
+# so that pickling or copying a model never carries the cache; it costs half the cached weights'
+# memory again, and goes with its module.
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def bf16_cache(owner: nn.Module) -> dict:
+    """The cached bf16 tensors of ``owner``, by name (empty before its first bf16 inference)."""
+    return {name: entry[2] for name, entry in _CACHE.get(owner, {}).items()}
+
+
 def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
                 make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``make()`` in bfloat16, cached on ``owner`` under ``name``; remade only when a source
+    """``make()`` in bfloat16, cached for ``owner`` under ``name``; remade only when a source
     tensor was replaced or changed in place (the entry holds its sources, so a replaced tensor's
     memory cannot return under the same address and version)."""
-    cache = owner.__dict__.setdefault("_bf16_cache", {})
+    cache = _CACHE.setdefault(owner, {})
     entry = cache.get(name)
     if entry is None or len(entry[0]) != len(sources) or any(
             a.data_ptr() != b.data_ptr() or a._version != v for a, b, v in zip(entry[0], sources, entry[1])):
