@@ -1,7 +1,7 @@
 """The fused kernels compiled for real GPU targets, on any machine: the compiler's resource report.
 
 Triton compiles ahead of time for a named target without a GPU, with the ``ptxas`` and
-``cuobjdump`` its wheel ships. For every launch shape :func:`torchelmo.fused.launch_tiles` picks
+``cuobjdump`` its wheel ships. For every launch shape :func:`torchelmo.fused_tiles.launch_tiles` picks
 (the published model shapes at several batch sizes) and every precision, this prints and records
 registers per thread, local-memory (spill) bytes, shared memory, and the matrix instructions in
 the machine code: ``HGMMA`` (Hopper's warpgroup tensor-core MMA), ``HMMA`` (tensor-core MMA), or
@@ -34,12 +34,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from torchelmo import fused
+from torchelmo import fused, fused_tiles
 
 SHAPES = {"small": (1024, 128), "original": (4096, 512)}     # LSTM units, projection
 SMS = {80: 108, 86: 84, 89: 128, 90: 132}                     # A100, RTX 3090, RTX 4090, H100/H200
 SHARED_LIMIT = 99 * 1024
-INTS = {"t", "T", "B", "D", "P", "g_dir", "g_t", "c_prev_dir"}
+INTS = {"t", "T", "B", "D", "P", "g_dir", "g_t", "c_prev_dir", "c_prev_b"}   # and the s_* strides
 FLOATS = {"cell_clip", "proj_clip"}
 PRECISIONS = {"fp32": 0, "tf32": 1, "bf16": 2}
 MATRIX_OPS = ("HGMMA", "HMMA", "FFMA")
@@ -54,7 +54,7 @@ def tools_present() -> bool:
 
 
 def _signature(fn, constexprs: dict) -> dict:
-    return {a: "constexpr" if a in constexprs else "i32" if a in INTS else "fp32" if a in FLOATS
+    return {a: "constexpr" if a in constexprs else "i32" if a in INTS or a.startswith("s_") else "fp32" if a in FLOATS
             else "*i32" if a == "lengths" else "*fp32" for a in fn.arg_names}
 
 
@@ -85,7 +85,7 @@ def launches(cc: int, rows: list[int]) -> dict:
     for shape, (D, P) in SHAPES.items():
         for B in rows:
             for prec_name, prec in PRECISIONS.items():
-                gates, proj = fused.launch_tiles(B, D, P, SMS[cc], prec_name)
+                gates, proj = fused_tiles.launch_tiles(B, D, P, SMS[cc], prec_name)
                 variants = [(fused._gates_bwd, gates, dict(CLIP_C=True, CLIP_P=True, CLIP_PREV=True)),
                             (fused._rec_bwd, proj, {})]
                 for save in (False, True):

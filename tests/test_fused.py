@@ -253,3 +253,43 @@ def test_published_fixture_through_fused_path(allennlp_dir, monkeypatch):
     # The interpreter is slow: there, the first 3 batches (the state carried twice).
     check_stateful_fixture(allennlp_dir, "sentences.json", DEVICES[0], atol=2e-6,
                            batches=10 if HAS_CUDA else 3)
+
+
+def test_views_are_read_through_their_strides_without_copies(monkeypatch):
+    # xw, w_h, w_p, the initial cell state and the output gradient as views (a transpose, slices
+    # of wider tensors): the same numbers and gradients as contiguous inputs, and no copy made.
+    torch.manual_seed(3)
+    B, T, D, P = 3, 4, 16, 8
+    G = 4 * D
+    xw_btg = torch.randn(2, B, T, G)
+    wide_h, wide_p = torch.randn(2, P, G + 5), torch.randn(2, D, P + 3)
+    c_wide, h0 = torch.randn(2, B, D + 2), torch.randn(2, B, P)
+    lengths = torch.tensor([4, 2, 3], dtype=torch.int32)
+    views = [xw_btg.transpose(1, 2), wide_h[..., :G], wide_p[..., :P], c_wide[..., :D], h0]
+    assert not any(v.is_contiguous() for v in views[:4])
+    dense = [v.contiguous() for v in views]
+    for ins in (views, dense):
+        for v in ins:
+            v.requires_grad_(True)
+    d_out = torch.randn(2, B, T, P).transpose(1, 2)       # (2, T, B, P), not contiguous
+
+    copies = []
+    contiguous = torch.Tensor.contiguous
+
+    def counting(self, *a, **k):
+        if not self.is_contiguous():
+            copies.append(tuple(self.shape))
+        return contiguous(self, *a, **k)
+
+    def run(ins):
+        out, c, h = F.fused_recurrence(*ins, lengths, 0.7, 0.5)
+        grads = torch.autograd.grad((out * d_out).sum() + c.sum() + h.sum(), ins)
+        return (out, c, h, *grads)
+
+    want = run(dense)
+    monkeypatch.setattr(torch.Tensor, "contiguous", counting)
+    got = run(views)
+    monkeypatch.undo()
+    assert copies == []
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

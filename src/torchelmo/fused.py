@@ -12,14 +12,19 @@ launches (grid axis 2 is the direction)::
 Rows whose length is <= t keep their state and output zeros, so a batch needs no sorting and the
 time loop has no host synchronisation.
 
-Dimensions (the letters of every shape below; buffers are contiguous, direction-major)::
+Dimensions (the letters of every shape below; direction-major)::
 
     2   the directions (grid axis 2: d = 0 forward, 1 backward)
     T   time steps            B   rows (sentences)
     D   LSTM units            G = 4D   the gates i, j, f, o side by side
     P   projection (state) size
-    BM, BD, BN, BK   a program's rows, units, output columns and reduction step The backward pass mirrors it (two kernels per step, from
-the last step down); the weight gradients are then two large matmuls over all steps.
+    BM, BD, BN, BK   a program's rows, units, output columns and reduction step
+
+The caller's tensors (``xw``, ``w_h``, ``w_p``, the initial cell state, the output gradient) are
+read through their strides (``s_<buffer>_<dim>``; the last dimension's stride must be 1), so a
+view needs no copy; the buffers made here are contiguous. The backward pass mirrors the forward
+(two kernels per step, from the last step down); the weight gradients are then two large
+matmuls over all steps.
 
 Precision (:mod:`torchelmo.precision`): ``fp32`` computes every product in IEEE fp32; ``tf32`` lets the
 matmuls use TF32 tensor cores; ``bf16`` rounds matmul operands to bfloat16. The cell state, the
@@ -33,12 +38,10 @@ multiplies in fp32, the same numbers up to summation order.
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import torch
 
 from .backend import fused_fits
+from .fused_tiles import launch_tiles, sm_count
 from .precision import PRECISIONS
 from .runtime import copy_to
 
@@ -104,12 +107,14 @@ if triton is not None:
         return tl.minimum(tl.maximum(x, -v), v)
 
     @triton.jit(do_not_specialize=["t"])
-    def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cell_clip,
+    def _gates_fwd(xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, s_xw_d, s_xw_t, s_xw_b,
+                   s_wh_d, s_wh_k, g_dir, g_t, cell_clip,
                    CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
         """z = xw_t + h W_h for rows [BM block] x units [BD block], all four gates; then the cell.
 
-        xw (2, T, B, G) input products; h (2, B, P) state read; w_h (2, P, G); c (2, B, D) cell,
+        xw (2, T, B, G) input products; h (2, B, P) state read; w_h (2, P, G) (both through their
+        strides); c (2, B, D) cell,
         updated in place for running rows; g (2, [T,] B, D) o * tanh(c) out (``g_dir``, ``g_t``:
         its direction and step strides, ``g_t`` 0 when one buffer serves every step); with SAVE,
         gates (2, T, B, G) and c_pre (2, T, B, D) for the backward pass; lengths (B,) int32.
@@ -125,14 +130,14 @@ if triton is not None:
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < P
             hk = tl.load(h + d * B * P + rm[:, None] * P + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            wp = w_h + d * P * G + rk[:, None] * G + ru[None, :]
+            wp = w_h + d * s_wh_d + rk[:, None] * s_wh_k + ru[None, :]
             wm = k_ok[:, None] & u_ok[None, :]
             acc_i = _mma(hk, tl.load(wp, mask=wm, other=0.0), acc_i, PREC, EMULATE_BF16)
             acc_j = _mma(hk, tl.load(wp + D, mask=wm, other=0.0), acc_j, PREC, EMULATE_BF16)
             acc_f = _mma(hk, tl.load(wp + 2 * D, mask=wm, other=0.0), acc_f, PREC, EMULATE_BF16)
             acc_o = _mma(hk, tl.load(wp + 3 * D, mask=wm, other=0.0), acc_o, PREC, EMULATE_BF16)
         row = (d * T + t) * B + rm[:, None]
-        zp = xw + row * G + ru[None, :]
+        zp = xw + d * s_xw_d + t * s_xw_t + rm[:, None] * s_xw_b + ru[None, :]
         i = tl.sigmoid(acc_i + tl.load(zp, mask=mu, other=0.0))
         j = _tanh(acc_j + tl.load(zp + D, mask=mu, other=0.0))
         f = tl.sigmoid(acc_f + tl.load(zp + 2 * D, mask=mu, other=0.0) + 1.0)
@@ -154,12 +159,12 @@ if triton is not None:
             tl.store(c_pre + row * D + ru[None, :], pre, mask=mu)
 
     @triton.jit(do_not_specialize=["t"])
-    def _proj_fwd(g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, proj_clip,
+    def _proj_fwd(g, w_p, h, out, h_pre, lengths, t, T, B, D, P, s_wp_d, s_wp_k, g_dir, g_t, proj_clip,
                   CLIP: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                   EMULATE_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """h_t = clip(g_t W_p): the new state of running rows, and the step's output.
 
-        g (2, [T,] B, D) as the gate kernel wrote it; w_p (2, D, P); h (2, B, P) state, updated
+        g (2, [T,] B, D) as the gate kernel wrote it; w_p (2, D, P) (strided); h (2, B, P) state, updated
         in place for running rows; out (2, T, B, P) zeros past each row's length; with SAVE,
         h_pre (2, T, B, P) the unclipped projection.
         """
@@ -171,7 +176,8 @@ if triton is not None:
             k_ok = rk < D
             gk = tl.load(g + d * g_dir + t * g_t + rm[:, None] * D + rk[None, :],
                          mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            wk = tl.load(w_p + d * D * P + rk[:, None] * P + rn[None, :], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            wk = tl.load(w_p + d * s_wp_d + rk[:, None] * s_wp_k + rn[None, :], mask=k_ok[:, None] & n_ok[None, :],
+                         other=0.0)
             acc = _mma(gk, wk, acc, PREC, EMULATE_BF16)
         hv = acc
         if CLIP:
@@ -185,15 +191,17 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["t"])
     def _gates_bwd(dh, dout, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
-                   t, T, B, D, P, c_prev_dir, cell_clip, proj_clip,
+                   t, T, B, D, P, s_do_d, s_do_t, s_do_b, s_wp_d, s_wp_k, c_prev_dir, c_prev_b,
+                   cell_clip, proj_clip,
                    CLIP_C: tl.constexpr, CLIP_P: tl.constexpr, CLIP_PREV: tl.constexpr,
                    PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                    BM: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
         """Step t backward to the gates: dg = dh_pre W_p^T, then dz (= d xw_t) and dc_{t-1}.
 
-        dh (2, B, P) gradient of the state h_t; dout (2, T, B, P) of the outputs; h_pre, gates,
-        c_pre as the forward saved them; c_prev (2, [T,] B, D) the cell before step t
-        (``c_prev_dir``: its direction stride); dc (2, B, D) gradient of c_t in, of c_{t-1} out;
+        dh (2, B, P) gradient of the state h_t; dout (2, T, B, P) of the outputs (strided); w_p
+        (2, D, P) (strided); h_pre, gates, c_pre as the forward saved them; c_prev (2, [T,] B, D)
+        the cell before step t (``c_prev_dir``, ``c_prev_b``: its direction and row strides); dc
+        (2, B, D) gradient of c_t in, of c_{t-1} out;
         dz (2, T, B, G) out; dh_pre (2, T, B, P) out (the projection's input gradient).
         """
         tl.static_assert(BM >= 16 and BD >= 16 and BK >= 16)
@@ -206,14 +214,15 @@ if triton is not None:
             k_ok = rk < P
             mk = m_ok[:, None] & k_ok[None, :]
             g = tl.load(dh + d * B * P + rm[:, None] * P + rk[None, :], mask=mk, other=0.0)
-            g += tl.load(dout + row * P + rk[None, :], mask=mk, other=0.0)
+            g += tl.load(dout + d * s_do_d + t * s_do_t + rm[:, None] * s_do_b + rk[None, :], mask=mk, other=0.0)
             if CLIP_P:   # clamp passes the gradient where -clip <= h_pre <= clip
                 hp = tl.load(h_pre + row * P + rk[None, :], mask=mk, other=0.0)
                 g = tl.where(tl.abs(hp) <= proj_clip, g, 0.0)
             g = tl.where(active[:, None], g, 0.0)
             if tl.program_id(1) == 0:
                 tl.store(dh_pre + row * P + rk[None, :], g, mask=mk)
-            wt = tl.load(w_p + d * D * P + ru[None, :] * P + rk[:, None], mask=k_ok[:, None] & u_ok[None, :], other=0.0)
+            wt = tl.load(w_p + d * s_wp_d + ru[None, :] * s_wp_k + rk[:, None], mask=k_ok[:, None] & u_ok[None, :],
+                         other=0.0)
             acc = _mma(g, wt, acc, PREC, EMULATE_BF16)
         G = 4 * D
         sp = gates + row * G + ru[None, :]
@@ -225,7 +234,7 @@ if triton is not None:
         c_new = pre
         if CLIP_C:
             c_new = _clip(pre, cell_clip)
-        cprev = tl.load(c_prev + d * c_prev_dir + rm[:, None] * D + ru[None, :], mask=mu, other=0.0)
+        cprev = tl.load(c_prev + d * c_prev_dir + rm[:, None] * c_prev_b + ru[None, :], mask=mu, other=0.0)
         if CLIP_PREV:
             cprev = _clip(cprev, cell_clip)
         tc = _tanh(c_new)
@@ -243,12 +252,12 @@ if triton is not None:
         tl.store(zp + 3 * D, tl.where(a, acc * tc * o * (1.0 - o), 0.0), mask=mu)
 
     @triton.jit(do_not_specialize=["t"])
-    def _rec_bwd(dz, w_h, dh, lengths, t, T, B, D, P,
+    def _rec_bwd(dz, w_h, dh, lengths, t, T, B, D, P, s_wh_d, s_wh_k,
                  PREC: tl.constexpr, EMULATE_BF16: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """dh_{t-1} = dz_t W_h^T for running rows; finished rows pass their gradient through.
 
-        dz (2, T, B, G); w_h (2, P, G); dh (2, B, P) updated in place.
+        dz (2, T, B, G); w_h (2, P, G) (strided); dh (2, B, P) updated in place.
         """
         tl.static_assert(BM >= 16 and BN >= 16 and BK >= 16)
         d, rm, rn, m_ok, n_ok, mn = _tile(B, P, BM, BN)
@@ -259,69 +268,12 @@ if triton is not None:
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < G
             a = tl.load(dz + row * G + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w_h + d * P * G + rn[None, :] * G + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            wt = tl.load(w_h + d * s_wh_d + rn[None, :] * s_wh_k + rk[:, None], mask=k_ok[:, None] & n_ok[None, :],
+                         other=0.0)
             acc = _mma(a, wt, acc, PREC, EMULATE_BF16)
         active = _running(lengths, rm, m_ok, t)[:, None]
         p = dh + d * B * P + rm[:, None] * P + rn[None, :]
         tl.store(p, tl.where(active, acc, tl.load(p, mask=mn, other=0.0)), mask=mn)
-
-
-class Tiles(NamedTuple):
-    """One kernel's launch shape: rows and columns per program, reduction step, warps."""
-    bm: int
-    bn: int
-    bk: int
-    warps: int
-
-    def grid(self, B: int, N: int) -> tuple[int, int, int]:
-        return (triton.cdiv(B, self.bm), triton.cdiv(N, self.bn), 2)
-
-
-# Program sizes (rows x columns) above which the sm_80 or sm_90 compile spills registers to local
-# memory: a gate-kernel program holds four fp32 accumulators, and exact fp32 keeps its operands
-# in registers too. The same report (benchmarks/kernels.py) shows which gate programs need eight
-# warps: 64-row ones, and from 2048 elements (1024 in exact fp32). Reduction steps of 32 keep every program's shared memory under the
-# 99 KiB consumer Ampere and Ada GPUs allow.
-_CAPS = {"fp32": (1024, 2048), "tf32": (2048, 4096), "bf16": (2048, 4096)}   # gates, projection
-_EIGHT_WARPS = {"fp32": 1024, "tf32": 2048, "bf16": 2048}
-_BK = 32
-
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << (max(n, 1) - 1).bit_length())
-
-
-def _tiles(B: int, N: int, sms: int, cap: int) -> tuple[int, int]:
-    """The largest tile (at most 64 x 64 and ``cap`` elements; at least 16 x 16 for tl.dot)
-    that still gives the GPU's ``sms`` multiprocessors a program each: a time step is too short
-    for a few big programs to hide their latency. Halving the larger side first keeps the
-    operands' re-reads (rows x N/bn + weights x B/bm) least."""
-    bm, bn = min(64, _pow2(B)), min(64, _pow2(N))
-
-    def halve(bm, bn):
-        return (bm, bn // 2) if bn >= bm and bn > 16 else (bm // 2, bn)
-
-    while bm * bn > cap:
-        bm, bn = halve(bm, bn)
-    while 2 * triton.cdiv(B, bm) * triton.cdiv(N, bn) < sms and (bm > 16 or bn > 16):
-        bm, bn = halve(bm, bn)
-    return bm, bn
-
-
-def launch_tiles(B: int, D: int, P: int, sms: int, precision: str) -> tuple[Tiles, Tiles]:
-    """Tiles of the gate kernels (columns are units, ``D``) and of the projection and recurrent
-    gradient kernels (columns are ``P``), for ``B`` rows on a GPU with ``sms`` multiprocessors."""
-    gate_cap, proj_cap = _CAPS[precision]
-    bm, bd = _tiles(B, D, sms, gate_cap)
-    pm, pn = _tiles(B, P, sms, proj_cap)
-    return Tiles(bm, bd, _BK, 8 if bm == 64 or bm * bd >= _EIGHT_WARPS[precision] else 4), Tiles(pm, pn, _BK, 4)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":   # the interpreter: any count; this one is an H100's
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _flags(precision: str, dtype: torch.dtype) -> dict:
@@ -331,13 +283,19 @@ def _flags(precision: str, dtype: torch.dtype) -> dict:
     return dict(PREC=prec, EMULATE_BF16=interpreted(), enable_fp_fusion=True)
 
 
+def _unit_inner(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its last dimension is unit-stride (any view of a contiguous tensor's
+    leading dimensions), which is all the kernels need; else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _forward(xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision, save):
     """The time loop; with ``save``, also what the backward pass needs (gates, pre-clip cell and
     projection values, ``g``), else a single ``g`` buffer reused by every step."""
     _, T, B, G = xw.shape
     D, P = G // 4, h0.shape[-1]
-    xw, w_h, w_p = xw.contiguous(), w_h.contiguous(), w_p.contiguous()
-    c, h = c0.clone().contiguous(), h0.clone().contiguous()
+    xw, w_h, w_p = _unit_inner(xw), _unit_inner(w_h), _unit_inner(w_p)
+    c, h = c0.clone(memory_format=torch.contiguous_format), h0.clone(memory_format=torch.contiguous_format)
     out = xw.new_empty(2, T, B, P)
     if save:
         g = xw.new_empty(2, T, B, D)
@@ -348,14 +306,15 @@ def _forward(xw, w_h, w_p, c0, h0, lengths, cell_clip, proj_clip, precision, sav
         gates = c_pre = h_pre = g
         g_dir, g_t = B * D, 0
     flags = _flags(precision, xw.dtype)
-    gt, pt = launch_tiles(B, D, P, _sm_count(xw.device), precision)
+    gt, pt = launch_tiles(B, D, P, sm_count(xw.device), precision)
     cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
     for t in range(T):
         _gates_fwd[gt.grid(B, D)](
-            xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, g_dir, g_t, cc,
+            xw, h, w_h, c, g, gates, c_pre, lengths, t, T, B, D, P, *xw.stride()[:3], *w_h.stride()[:2],
+            g_dir, g_t, cc,
             CLIP=cell_clip is not None, SAVE=save, BM=gt.bm, BD=gt.bn, BK=gt.bk, num_warps=gt.warps, **flags)
         _proj_fwd[pt.grid(B, P)](
-            g, w_p, h, out, h_pre, lengths, t, T, B, D, P, g_dir, g_t, pc,
+            g, w_p, h, out, h_pre, lengths, t, T, B, D, P, *w_p.stride()[:2], g_dir, g_t, pc,
             CLIP=proj_clip is not None, SAVE=save, BM=pt.bm, BN=pt.bn, BK=pt.bk, num_warps=pt.warps, **flags)
     saved = (xw, w_h, w_p, c0, h0, lengths, out, g, gates, c_pre, h_pre) if save else None
     return out, c, h, saved
@@ -378,24 +337,24 @@ class FusedRecurrence(torch.autograd.Function):
         cell_clip, proj_clip = ctx.clips
         _, T, B, G = xw.shape
         D, P = G // 4, h0.shape[-1]
-        d_out = torch.zeros_like(out) if d_out is None else d_out.contiguous()
-        dc = torch.zeros_like(c0) if d_c is None else d_c.clone().contiguous()
-        dh = torch.zeros_like(h0) if d_h is None else d_h.clone().contiguous()
-        dz, dh_pre = torch.empty_like(xw), torch.empty_like(h_pre)
-        c0c = c0.contiguous()
+        d_out = torch.zeros_like(out) if d_out is None else _unit_inner(d_out)
+        dc = torch.zeros_like(c0) if d_c is None else d_c.clone(memory_format=torch.contiguous_format)
+        dh = torch.zeros_like(h0) if d_h is None else d_h.clone(memory_format=torch.contiguous_format)
+        dz = xw.new_empty(2, T, B, G)   # contiguous whatever the strides of xw
+        dh_pre, c0 = torch.empty_like(h_pre), _unit_inner(c0)
         flags = _flags(ctx.precision, xw.dtype)
-        gt, pt = launch_tiles(B, D, P, _sm_count(xw.device), ctx.precision)
+        gt, pt = launch_tiles(B, D, P, sm_count(xw.device), ctx.precision)
         cc, pc = (cell_clip or 0.0), (proj_clip or 0.0)
         for t in range(T - 1, -1, -1):
             # c_{t-1}: clip(c_pre[t-1]) for rows running at t (they ran at t-1 too), else c0.
-            c_prev, c_prev_dir = (c_pre[:, t - 1], T * B * D) if t > 0 else (c0c, B * D)
+            c_prev = c_pre[:, t - 1] if t > 0 else c0
             _gates_bwd[gt.grid(B, D)](
                 dh, d_out, h_pre, w_p, gates, c_pre, c_prev, dc, dz, dh_pre, lengths,
-                t, T, B, D, P, c_prev_dir, cc, pc,
+                t, T, B, D, P, *d_out.stride()[:3], *w_p.stride()[:2], *c_prev.stride()[:2], cc, pc,
                 CLIP_C=cell_clip is not None, CLIP_P=proj_clip is not None,
                 CLIP_PREV=cell_clip is not None and t > 0, BM=gt.bm, BD=gt.bn, BK=gt.bk,
                 num_warps=gt.warps, **flags)
-            _rec_bwd[pt.grid(B, P)](dz, w_h, dh, lengths, t, T, B, D, P,
+            _rec_bwd[pt.grid(B, P)](dz, w_h, dh, lengths, t, T, B, D, P, *w_h.stride()[:2],
                                     BM=pt.bm, BN=pt.bn, BK=pt.bk, num_warps=pt.warps, **flags)
         # Weight gradients: every step's contribution in one matmul each.
         h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)          # (2, T, B, P)
