@@ -233,7 +233,7 @@ def test_train_config_types_and_paths(tmp_path, fixture_corpus, capsys):
     base = ["train", "--train", data, "--vocab", vocab, "--model", "tiny", "--max-steps", "1", "--no-progress"]
     listed = tmp_path / "list.json"
     listed.write_text("[1, 2]")
-    one_line_error(capsys, base + ["--out", tmp_path / "r", "--config", listed], str(listed), "got a list")
+    one_line_error(capsys, base + ["--out", tmp_path / "r", "--config", listed], str(listed), "must be a JSON object, got an array")
     for field, value, msg in (("max_steps", "10", "max_steps must be an integer"),
                               ("dropout", True, "dropout must be a finite number"),
                               ("variational_dropout", "false", "variational_dropout must be true or false"),

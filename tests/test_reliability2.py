@@ -589,7 +589,7 @@ def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
     for name, data in bad.items():
         (tmp_path / name).write_bytes(data)
     want = {"latin1.json": "latin1.json: not UTF-8 text (byte 13)", "cut.json": "cut.json: not valid JSON (line 1",
-            "list.json": "list.json: a train config must be a JSON object, got list"}
+            "list.json": "list.json: a train config must be a JSON object, got an array"}
     for name, msg in want.items():
         with pytest.raises(ElmoError, match=re.escape(msg)):
             read_json(tmp_path / name, "train config")
@@ -598,7 +598,7 @@ def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
         ElmoConfig.from_json_file(tmp_path / "absent.json")
     with pytest.raises(ElmoError, match="latin1.json: not UTF-8 text"):
         ElmoConfig.from_json_file(tmp_path / "latin1.json")
-    with pytest.raises(ElmoError, match="list.json: a probe results file must be a JSON object"):
+    with pytest.raises(ElmoError, match="list.json: a probe results file must be a JSON object, got an array"):
         load_results(tmp_path / "list.json")
     with pytest.raises(ElmoError, match="cut.json: not valid JSON"):
         manylangs_config(tmp_path / "cut.json")

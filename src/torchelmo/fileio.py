@@ -190,8 +190,10 @@ def read_json(path: str | Path, what: str = "JSON file", expect: type | None = d
     except json.JSONDecodeError as e:
         raise ElmoError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     if expect is not None and not isinstance(value, expect):
-        raise ElmoError(f"{path}: a {what} must be a JSON object, got {type(value).__name__}" if expect is dict
-                        else f"{path}: a {what} must be a JSON {expect.__name__}, got {type(value).__name__}")
+        got = {dict: "an object", list: "an array", str: "a string", bool: "true or false", int: "a number",
+               float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+        want = {dict: "object", list: "array", str: "string"}.get(expect, expect.__name__)
+        raise ElmoError(f"{path}: a {what} must be a JSON {want}, got {got}")
     return value
 
 
