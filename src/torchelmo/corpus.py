@@ -82,9 +82,10 @@ class Corpus:
 
     def check_fingerprint(self, saved: list | None, where: str) -> None:
         """Refuse a position saved on other files (``saved=None``: nothing was recorded)."""
-        if saved is None or [list(x) for x in saved] == self.fingerprint():
+        current = self.fingerprint()
+        if saved is None or [list(x) for x in saved] == current:
             return
-        now = {n: b for n, b in self.fingerprint()}
+        now = dict(current)
         was = {n: b for n, b in saved}
         diff = ([f"{n} added" for n in now if n not in was] + [f"{n} removed" for n in was if n not in now]
                 + [f"{n} {was[n]:,} -> {now[n]:,} bytes" for n in now if n in was and now[n] != was[n]])

@@ -188,15 +188,14 @@ def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, bat
             path: str | Path = CHECKPOINT_NAME, new_data: bool = False) -> Progress:
     """Load the model, optimizer and data position (``new_data``: the next epoch's start on the
     current files); returns the run's progress."""
-    data = ckpt.get("data")
-    if not new_data and isinstance(data, dict):  # before the wrapping below: its own message
-        batcher.corpus.check_fingerprint(data.get("corpus"), str(path))
     try:
         lm.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         batcher.load_state_dict(ckpt["data"], new_data=new_data, where=str(path))
         return Progress(int(ckpt["step"]), int(ckpt["tokens_seen"]), float(ckpt["elapsed"]), float(ckpt["best"]),
                         int(ckpt["bad_evals"]), float(ckpt["lr_scale"]), ckpt.get("last_valid_step"))
+    except ElmoError:
+        raise   # already one line naming what is wrong (a changed corpus)
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:
         msg = " ".join(str(e).split())[:200]
         raise ElmoError(f"{path}: does not fit the run it configures ({type(e).__name__}: {msg})") from None
