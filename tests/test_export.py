@@ -183,3 +183,17 @@ def test_onnx_without_the_export_extra_is_one_line_before_any_work(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'torchelmo[export]'" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_char_cnn_equals_eager_for_every_token_length():
+    """Tokens of every length up to the 50-character limit, alone and beside others: the
+    widest-window product and its masking of the starts a narrower width lacks near the limit."""
+    bilm = _tiny_random(filters=[[1, 4], [3, 4], [7, 6]])
+    words = ["x" * n for n in range(1, 53)]
+    ids = batch_to_ids([words])[0]                                       # (52, 50): one row per token
+    scripted = exportable(bilm)
+    with torch.no_grad():
+        want = bilm.encoder.proj(bilm.encoder.highways[0](bilm.encoder.conv_reference(ids)))
+        for rows in [ids, ids[:5], ids[40:47], ids[44:45], ids[-1:]]:
+            i = next(k for k in range(len(ids)) if torch.equal(ids[k], rows[0]))
+            torch.testing.assert_close(scripted.encode(rows), want[i:i + len(rows)], atol=1e-5, rtol=0)

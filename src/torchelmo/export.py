@@ -6,8 +6,8 @@ at padding) and the mask ``(B, T)``; batch size and length are dynamic. It compu
 :class:`~torchelmo.bilm.BiLM` computes in evaluation mode from the zero state, in a form the
 compilers accept:
 
-* the char-CNN as plain convolutions with a max over positions, each distinct token once (the
-  eager encoder's length grouping and ``unfold`` have no ONNX or TorchScript form);
+* the char-CNN as one product of every token's flattened character windows with all filters,
+  each distinct token once (the eager encoder groups tokens by length, which has no static form);
 * both LSTM directions as one loop over time, the rows sorted longest first inside the graph
   (and restored at the end) so that step t runs the prefix of rows still going, as the eager
   path does, with the lengths as tensors rather than Python integers.
@@ -75,7 +75,7 @@ class ExportableBiLM(nn.Module):
 
     # Constants to the compiler: the branches on them are resolved at compile time.
     __constants__ = ("cell_clip", "proj_clip", "use_cell_clip", "use_proj_clip", "skip", "relu", "n_filters",
-                     "widest", "pad_id")
+                     "widest", "narrowest", "pad_id", "cell_dim", "proj_dim")
 
     def __init__(self, bilm: BiLM) -> None:
         super().__init__()
@@ -89,16 +89,25 @@ class ExportableBiLM(nn.Module):
         self.skip = bool(cfg.use_skip_connections)
         self.relu = cfg.activation == "relu"
         self.n_filters = n
-        self.widest = max(w for w, _ in cfg.filters)
+        self.cell_dim, self.proj_dim = cfg.lstm_dim, cfg.projection_dim
         self.pad_id = PAD_ID
         # Row 0 (a padded token position's id) stays zero, as in the eager model.
         self.char_embed = nn.Parameter(torch.cat([torch.zeros(1, E), a["char_embed"]]))
-        self.convs = nn.ModuleList()
-        for i, (w, count) in enumerate(cfg.filters):
-            conv = nn.Conv1d(E, count, w)
-            conv.weight = nn.Parameter(a[f"CNN/W_cnn_{i}"][0].permute(2, 1, 0).contiguous())
-            conv.bias = nn.Parameter(a[f"CNN/b_cnn_{i}"])
-            self.convs.append(conv)
+        # Every width's filters as one (widest * E + widest - 1, n) matrix, so that one product
+        # of flattened widest windows serves every width (as in the eager encoder). Row k * E + e
+        # holds offset k, channel e, zeros past a filter's width. Width w has no window starting
+        # past C - w; a window starting r places past C - widest carries a one in extra feature r,
+        # whose row is -1e30 for the filters that lack that start (w > widest - r), so that their
+        # max never picks it (a mask inside the product rather than a pass over its output).
+        self.widest = max(w for w, _ in cfg.filters)
+        self.narrowest = min(w for w, _ in cfg.filters)
+        taps = torch.cat([F.pad(a[f"CNN/W_cnn_{i}"][0], (0, 0, 0, 0, 0, self.widest - w))
+                          for i, (w, _) in enumerate(cfg.filters)], dim=-1).reshape(self.widest * E, n)
+        width = torch.tensor([w for w, c in cfg.filters for _ in range(c)])
+        r = torch.arange(1, self.widest).unsqueeze(1)
+        mask = torch.where(width.unsqueeze(0) > self.widest - r, -1e30, 0.0)          # (widest - 1, n)
+        self.conv_w = nn.Parameter(torch.cat([taps, mask]).contiguous())
+        self.conv_b = nn.Parameter(torch.cat([a[f"CNN/b_cnn_{i}"] for i in range(len(cfg.filters))]))
         self.highways = nn.ModuleList()
         for k in range(cfg.n_highway):
             hw = nn.Linear(n, 2 * n)   # rows [0, n): transform, [n, 2n): carry
@@ -121,16 +130,26 @@ class ExportableBiLM(nn.Module):
         self.eval()
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """``(N, 50)`` char ids of tokens -> ``(N, P)`` token embeddings.
+        """``(N, C)`` char ids of tokens -> ``(N, P)`` token embeddings.
 
-        The convolutions run over the first ``longest token + widest filter`` positions only: the
-        windows cut off hold nothing but padding, and each width keeps at least one such window,
-        so every max is the full row's (as the eager encoder, which computes that window once)."""
+        Every window that starts at or before the longest token's end: a later window holds
+        nothing but padding, the same value as the one starting there. Width w's windows start
+        at 0 .. C - w only; later starts (when a token nearly fills C) are masked by the weights."""
+        N, C = ids.shape
         longest = ((ids != self.pad_id) & (ids > 0)).sum(dim=1).max()
-        ids = ids[:, :int(torch.clamp(longest + self.widest, max=ids.shape[1]))]
-        x = F.embedding(ids, self.char_embed).transpose(1, 2)        # (N, E, C')
-        pooled = [conv(x).amax(dim=-1) for conv in self.convs]
-        h = torch.cat(pooled, dim=-1)
+        n_pos = int(torch.clamp(longest, max=C - self.narrowest)) + 1
+        span = n_pos + self.widest - 1
+        x = F.embedding(ids[:, :min(span, C)], self.char_embed)                  # (N, C', E)
+        x = F.pad(x, [0, 0, 0, span - x.shape[1]])                               # (N, span, E)
+        taps = (torch.arange(n_pos, device=ids.device).unsqueeze(1)
+                + torch.arange(self.widest, device=ids.device).unsqueeze(0)).reshape(-1)
+        windows = x.index_select(1, taps).reshape(N, n_pos, -1)                  # (N, n_pos, widest * E)
+        past = (torch.arange(n_pos, device=ids.device).unsqueeze(1) - (C - self.widest)
+                == torch.arange(1, self.widest, device=ids.device).unsqueeze(0)).to(x.dtype)  # (n_pos, widest - 1)
+        windows = torch.cat([windows, past.expand(N, n_pos, self.widest - 1)], dim=-1)
+        y = torch.mm(windows.view(N * n_pos, -1), self.conv_w).view(N, n_pos, self.n_filters)
+        # max(y + b) = max(y) + b: the bias on (N, n) rather than (N, n_pos, n).
+        h = y.amax(dim=1) + self.conv_b
         h = torch.relu(h) if self.relu else torch.tanh(h)
         for hw in self.highways:
             y = hw(h)
@@ -144,30 +163,34 @@ class ExportableBiLM(nn.Module):
         batch, shrinking as rows end), as the eager path does; both directions' inputs are in
         reading order with padding last, so a row's valid steps are a prefix."""
         B, S = x.shape[1], x.shape[2]
-        D, P = layer.wp_0.shape[0], layer.wp_0.shape[1]
+        D = self.cell_dim
         # One product per step over [x_t ; h_{t-1}] of the running rows only, as the eager path
         # does for narrow layers: inputs at padding positions are never multiplied (precomputing
         # every position's input product did that, at about twice the cost on ragged batches).
+        # The loop body is kept to few ONNX nodes (each costs ONNX Runtime a dispatch per step):
+        # split sizes are constants, and the ended rows keep their last output instead of being
+        # padded with zeros (the caller masks them).
         xt = x.permute(2, 0, 1, 3)                                          # (S, 2, B, in)
         running = (lengths.unsqueeze(0) > torch.arange(S, device=x.device).unsqueeze(1)).sum(1)   # (S,)
         c = x.new_zeros(2, B, D)
-        h = x.new_zeros(2, B, P)
+        h = x.new_zeros(2, B, self.proj_dim)
         steps: list[torch.Tensor] = []
         for t in range(S):
             n = int(running[t])
-            c, h = c[:, :n], h[:, :n]
-            a = torch.cat([xt[t, :, :n], h], dim=-1)                     # (2, n, in + P)
+            c = c.narrow(1, 0, n)                                            # narrow: one ONNX Slice
+            a = torch.cat([xt[t].narrow(1, 0, n), h.narrow(1, 0, n)], dim=-1)  # (2, n, in + P)
             z = torch.stack([torch.addmm(layer.b_0, a[0], layer.w0_0), torch.addmm(layer.b_1, a[1], layer.w0_1)])
-            sig_tanh = torch.split(z, [3 * D, D], dim=-1)               # one Split, not four Slices
-            gates = torch.sigmoid(sig_tanh[0]).chunk(3, dim=-1)        # i, f, o
-            c = gates[1] * c + gates[0] * torch.tanh(sig_tanh[1])
+            sig, j = torch.split(z, [3 * D, D], dim=-1)                    # one sigmoid, one tanh
+            i, f, o = torch.split(torch.sigmoid(sig), D, dim=-1)
+            c = f * c + i * torch.tanh(j)
             if self.use_cell_clip:
                 c = c.clamp(-self.cell_clip, self.cell_clip)
-            q = gates[2] * torch.tanh(c)
-            h = torch.stack([torch.mm(q[0], layer.wp_0), torch.mm(q[1], layer.wp_1)])
+            q = o * torch.tanh(c)
+            hn = torch.stack([torch.mm(q[0], layer.wp_0), torch.mm(q[1], layer.wp_1)])
             if self.use_proj_clip:
-                h = h.clamp(-self.proj_clip, self.proj_clip)
-            steps.append(F.pad(h, [0, 0, 0, B - n]))
+                hn = hn.clamp(-self.proj_clip, self.proj_clip)
+            h = torch.cat([hn, h.narrow(1, n, B - n)], dim=1)              # (2, B, P)
+            steps.append(h)
         return torch.stack(steps, dim=2)
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
