@@ -90,3 +90,61 @@ def test_backend_table_picks_each_path(monkeypatch):
     for name in ("cpu", "triton", "triton+graphs", "auto"):
         L.lstm_layer(layer, x, [2], c0, h0, None, None, backend=name)
     assert seen == ["cpu", "triton", "triton+graphs", "cpu"]
+
+
+@pytest.mark.parametrize("clips", [(0.7, 0.6), (None, None)])
+def test_training_recurrence_gradients_by_finite_differences(clips):
+    """The hand-written backpropagation through time (bptt.Recurrence) against central finite
+    differences, float64: every input, with rows that end early, steps after the last run, a
+    nonzero initial state and clips that bind."""
+    from torchelmo.bptt import Recurrence
+    torch.manual_seed(3)
+    B, T, I, D, P = 4, 6, 3, 4, 3
+    args = [torch.randn(2, B, T, I), torch.randn(2, B, D), torch.randn(2, B, P), torch.randn(2, I, 4 * D),
+            torch.randn(2, P, 4 * D), torch.randn(2, 4 * D), torch.randn(2, D, P)]
+    args = [a.double().requires_grad_() for a in args]
+    runs = [4, 3, 3, 1]                                   # step 4 and 5: no row runs
+    assert torch.autograd.gradcheck(lambda *a: Recurrence.apply(*a, runs, *clips, None), args,
+                                    eps=1e-6, atol=1e-6)
+
+
+def test_training_gradients_equal_autograd_through_the_reference():
+    """Gradients of the training path (weights, inputs, initial state) equal autograd's through
+    the slow reference, sentence by sentence."""
+    torch.manual_seed(4)
+    D, P = 12, 5
+    layer = BiLstmLayer(P, D, P)
+    with torch.no_grad():
+        layer.bias.uniform_(-0.5, 0.5)
+    lengths = [7, 7, 4, 1, 0]
+    B, T = len(lengths), max(lengths)
+    seqs = [torch.randn(n, P) for n in lengths]
+    c0, h0 = torch.randn(2, B, D) * 0.5, torch.randn(2, B, P) * 0.5
+    weights = torch.randn(B, T, 2 * P)                    # a loss that weighs every output
+
+    def grads(run):
+        layer.zero_grad(set_to_none=True)
+        inputs = [s.clone().requires_grad_() for s in seqs]
+        states = (c0.clone().requires_grad_(), h0.clone().requires_grad_())
+        run(inputs, states).backward()
+        return [p.grad for p in layer.parameters()] + [i.grad for i in inputs] + [s.grad for s in states]
+
+    def production(inputs, states):
+        x = torch.zeros(2, B, T, P)
+        for b, s in enumerate(inputs):
+            x[0, b, :len(s)] = s
+            x[1, b, :len(s)] = s.flip(0)
+        out, c, h = lstm_layer(layer, x, lengths, *states, 0.7, 0.6)
+        both = torch.cat([out[0], reverse_padded(out[1], torch.tensor(lengths))], dim=-1)
+        return (both * weights).sum() + c.sum() + (h * h).sum()
+
+    def reference(inputs, states):
+        outs, finals = lstm_reference([layer], inputs, [states], 0.7, 0.6, False)
+        loss = sum((o[0] * weights[b, :len(o[0])]).sum() for b, o in enumerate(outs))
+        return loss + sum(f[0][0].sum() + (f[0][1] ** 2).sum() for f in finals)
+
+    for got, want in zip(grads(production), grads(reference)):
+        if want is None:                                  # the empty sentence's input
+            assert got is None or got.numel() == 0
+        else:
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -71,15 +71,19 @@ def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad):
 
 
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
-def test_bf16_training_recurrence_is_fp32_arithmetic_on_bf16_operands(input_dim, lstm_dim, proj_dim):
-    # The autograd path: oneDNN's math mode. With AMX, fp32 arithmetic on bf16-rounded operands;
-    # without it, oneDNN computes bf16 requests in fp32, and so must the model.
+def test_bf16_training_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim):
+    # The autograd path: with AMX, bf16 tensors (one product per step over [x_t ; h_{t-1}],
+    # rounded to bf16), fp32 bias, gates, cell and clips; without AMX, the model's fp32.
     lengths = [7, 5, 2]
     layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=True)
-    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=AMX)
-    assert (out - want).abs().max() < 1e-5
     exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)
-    assert ((out - exact).abs().max() > 1e-3) == AMX
+    if not AMX:
+        assert (out - exact).abs().max() < 1e-5
+        return
+    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=True, round_products=True)
+    assert (out - want).abs().max() <= 2.0 ** -6 * want.abs().max()
+    assert (out - exact).abs().max() > 1e-3
+    assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
 
 
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
@@ -138,7 +142,31 @@ def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
     err = (got - exact).abs()
     assert 0 < err.max() and err.mean() < 0.01 * exact.abs().mean()
     with model.precision_scope():
-        assert model.encoder(ids).requires_grad                  # the training path: math mode
+        assert model.encoder(ids).requires_grad                  # the training path: no cache
+
+
+def test_bf16_training_gradients_reach_fp32_weights():
+    # One forward and backward pass of the biLM: under bf16 (with AMX) the char-CNN, highway,
+    # projection and recurrence multiply bf16 tensors, so every weight's gradient differs from
+    # fp32's a little; it arrives in fp32 on the fp32 parameter, close to fp32's.
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny")).train()
+    ids = batch_to_ids([["The", "cat", "sat", "on", "the", "mat", "."], ["Dogs", "bark"]])
+    grads = {}
+    for p in ("fp32", "bf16"):
+        model.zero_grad(set_to_none=True)
+        model.precision = p
+        out = model(ids)
+        sum((layer * torch.linspace(-1, 1, layer.shape[-1])).sum() for layer in out.layers).backward()
+        grads[p] = {n: w.grad.clone() for n, w in model.named_parameters() if w.grad is not None}
+    names = ["encoder.convs.0.weight", "encoder.highways.0.proj.weight", "encoder.proj.weight",
+             "layers.0.w_x", "layers.0.w_h", "layers.1.w_p"]
+    for n in names:
+        g32, g16 = grads["fp32"][n], grads["bf16"][n]
+        assert g16.dtype == torch.float32
+        rel = (g16 - g32).norm() / g32.norm()
+        assert rel < 0.05, n
+        assert (rel > 1e-4) == AMX, n
 
 
 def test_scope_sets_and_restores_the_cpu_math_mode():

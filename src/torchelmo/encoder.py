@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .chars import PAD_CHAR
 from .config import ElmoConfig
-from .operands import linear
+from .operands import bf16_cached, bf16_operands, bf16_training, linear
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -117,15 +117,16 @@ class CharCNNEncoder(nn.Module):
         widths = [conv.kernel_size[0] for conv in self.convs]
         w_max, E = max(widths), self.config.char_embed_dim
         pad_id = ids.new_full((), self.pad_id)
-        # (w_max * E, F): row k * E + e holds offset k, channel e; zeros past a filter's width.
-        weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
-        weight = weight.permute(2, 1, 0).reshape(w_max * E, F_total)
+        weight = self._filters(ids.device.type)                         # (w_max * E, F)
         bias = torch.cat([conv.bias for conv in self.convs])
         width_of = torch.tensor([w for w, n in zip(widths, self.config.filters) for _ in range(n[1])],
                                 device=ids.device)
         # Value of an all-padding window, per filter.
-        pad_emb = self.char_embed(pad_id.view(1))                       # (1, E)
-        pad_value = torch.addmm(bias, pad_emb.repeat(1, w_max), weight)[0]
+        pad_emb = self.char_embed(pad_id.view(1)).to(weight.dtype)      # (1, E)
+        if weight.dtype == bias.dtype:
+            pad_value = torch.addmm(bias, pad_emb.repeat(1, w_max), weight)[0]
+        else:   # bf16 operands: the product rounded to bf16, as every window's below
+            pad_value = torch.mm(pad_emb.repeat(1, w_max), weight)[0] + bias
 
         order = None
         if groups is None:
@@ -136,11 +137,11 @@ class CharCNNEncoder(nn.Module):
             ids = ids[order]
             bounds = torch.unique_consecutive(lengths[order], return_counts=True)
             groups = list(zip(bounds[0].tolist(), bounds[1].tolist()))
-        emb = self.char_embed(ids)                                      # (N, C, E)
+        emb = self.char_embed(ids).to(weight.dtype)                     # (N, C, E)
         # Extend past the end so every start position has a full w_max window; windows that
         # reach past C are invalid for the wider filters and masked below.
         emb = torch.cat([emb, pad_emb.expand(N, w_max - 1, E)], dim=1)
-        out = emb.new_empty(N, F_total)
+        out = bias.new_empty(N, F_total)
         start = 0
         for L, count in groups:
             stop = start + count
@@ -164,6 +165,23 @@ class CharCNNEncoder(nn.Module):
         result = torch.empty_like(out)
         result[order] = out
         return result
+
+    def _filters(self, device_type: str) -> torch.Tensor:
+        """Every width's filters stacked ``(w_max * E, F)``: row k * E + e holds offset k, channel
+        e; zeros past a filter's width. In the operand type (:mod:`torchelmo.operands`)."""
+        widths = [conv.kernel_size[0] for conv in self.convs]
+        w_max, E = max(widths), self.config.char_embed_dim
+
+        def stacked() -> torch.Tensor:
+            weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
+            return weight.permute(2, 1, 0).reshape(w_max * E, self.config.n_filters)
+
+        dtype = self.char_embed.weight.dtype
+        if bf16_operands(device_type, dtype):
+            return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), stacked)
+        if bf16_training(device_type, dtype):
+            return stacked().to(torch.bfloat16)
+        return stacked()
 
     def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None) -> torch.Tensor:
         """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros.

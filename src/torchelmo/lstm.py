@@ -11,8 +11,9 @@ Parameters carry a leading direction axis of size 2 (0 = forward LM, 1 = backwar
 both directions step through the same positions with the same mask.
 
 :func:`lstm_layer` is the production path: a length-sorted batch that shrinks as rows finish, a
-handful of ops per step. Under autograd (:func:`lstm_layer_autograd`) it precomputes the input
-products of all steps in one matmul. Without autograd it works in place, time-major, with no
+handful of ops per step. Under autograd (:func:`lstm_layer_autograd`) it runs
+:class:`~torchelmo.bptt.Recurrence`: the input products and every weight gradient as one matmul
+over all steps, and backpropagation through time written out. Without autograd it works in place, time-major, with no
 per-step allocation, in one of two ways chosen by the layer's width:
 :func:`lstm_inference_joint` (one matmul per step over ``[x_t ; h_{t-1} ; 1]``) or
 :func:`lstm_inference_chunked` (input products of many steps at once). Those are the ``cpu``
@@ -28,7 +29,8 @@ import torch
 import torch.nn as nn
 
 from .backend import resolve_backend
-from .operands import bf16_cached, bf16_operands
+from .bptt import Recurrence
+from .operands import bf16_cached, bf16_operands, bf16_training
 
 FORGET_BIAS = 1.0
 
@@ -129,37 +131,18 @@ _BACKENDS = {"cpu": _run_cpu, "triton": _run_triton, "triton+graphs": _run_trito
 
 
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
-    """:func:`lstm_layer` where gradients are needed: out-of-place, autograd-friendly."""
+    """:func:`lstm_layer` where gradients are needed: backpropagation through time written out
+    (:class:`~torchelmo.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.operands`)."""
     _, B, T, _ = x.shape
-    D, P = layer.lstm_dim, layer.projection_dim
-    # The input half of z for every step at once: the big, efficient matmul.
-    xw = torch.baddbmm(layer.bias.unsqueeze(1), x.reshape(2, B * T, -1), layer.w_x).view(2, B, T, 4 * D)
-    # One unbind and one stack, not a slice per step: under autograd each per-step slice of xw
-    # (or write into a preallocated output) costs a full-size zero gradient in the backward pass.
-    xs = xw.unbind(2)
-    steps: list[torch.Tensor] = []
-    c, h = c0, h0
-    w_p = layer.w_p
-    for t, n in enumerate(_running_rows(lengths, T)):
-        if n == 0:
-            break
-        h_n = h if n == B else h[:, :n]
-        c_n = c if n == B else c[:, :n]
-        z = torch.baddbmm(xs[t] if n == B else xs[t][:, :n], h_n, w_h)
-        i, j, f, o = z.chunk(4, dim=-1)
-        c_new = _clip(torch.sigmoid(f + FORGET_BIAS) * c_n + torch.sigmoid(i) * torch.tanh(j), cell_clip)
-        h_new = _clip(torch.bmm(torch.sigmoid(o) * torch.tanh(c_new), w_p), proj_clip)
-        if n == B:
-            c, h = c_new, h_new
-            steps.append(h_new)
-        else:  # finished rows keep their final state; their outputs are zeros
-            c = torch.cat([c_new, c[:, n:]], dim=1)
-            h = torch.cat([h_new, h[:, n:]], dim=1)
-            steps.append(torch.cat([h_new, h_new.new_zeros(2, B - n, P)], dim=1))
-    if len(steps) < T:
-        steps += [x.new_zeros(2, B, P)] * (T - len(steps))
-    out = torch.stack(steps, dim=2) if steps else x.new_zeros(2, B, T, P)
-    return out, c, h
+    runs = [n for n in _running_rows(lengths, T) if n > 0]
+    if not runs:
+        return x.new_zeros(2, B, T, layer.projection_dim), c0, h0
+    D = layer.lstm_dim
+    forget = torch.zeros(4 * D, dtype=x.dtype, device=x.device)
+    forget[2 * D:3 * D] = FORGET_BIAS
+    dtype = torch.bfloat16 if bf16_training(x.device.type, x.dtype) else None
+    return Recurrence.apply(x, c0, h0, layer.w_x, w_h, layer.bias + forget, layer.w_p, runs,
+                            cell_clip, proj_clip, dtype)
 
 
 # Inference (no autograd) paths, chosen by the width of the per-step matmul. Measured on CPU:

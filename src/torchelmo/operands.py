@@ -1,13 +1,19 @@
-"""bfloat16 matmul operands for CPU inference: weights cast once and cached, fp32 everywhere else.
+"""bfloat16 matmul operands on the CPU: the model's big products on bf16 tensors, fp32 elsewhere.
 
 Under ``--precision bf16`` on a CPU with AMX, oneDNN's bf16 math mode takes fp32 tensors and
-converts both operands on every call, the weights included: at the recurrence's shapes that
-conversion costs about what the bf16 multiply saves. Inference (no autograd) therefore multiplies
-bfloat16 tensors: each weight is cast once (:func:`bf16_cached`, refreshed when the weight is
-replaced or changed in place) and the activation is cast per call. The product comes back in
-bfloat16 (the matmul accumulates in fp32 and rounds its result); biases, gates, cell state,
-clips and every elementwise step stay fp32. Training keeps the math mode (its weights change
-every step).
+converts both operands on every call, the weights included, and its backward products gain
+nothing: at the model's shapes that conversion costs about what the bf16 multiply saves. The
+char-CNN, the highway, the token projection and the recurrence therefore multiply bfloat16
+tensors:
+
+* at inference (:func:`bf16_operands`), each weight is cast once (:func:`bf16_cached`, refreshed
+  when the weight is replaced or changed in place);
+* in training (:func:`bf16_training`), each weight is cast once per forward pass, through
+  autograd, so that its gradient (computed on bf16 operands too) reaches the fp32 master weight.
+
+Activations are cast per call. A product comes back in bfloat16 (the matmul accumulates in fp32
+and rounds its result); biases, gates, cell state, clips and every elementwise step stay fp32.
+The softmax keeps the math mode.
 """
 
 from __future__ import annotations
@@ -22,12 +28,22 @@ import torch.nn.functional as F
 from .precision import active_precision, cpu_bf16_support
 
 
-def bf16_operands(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether inference on ``device_type`` for a model of ``dtype`` multiplies bf16 tensors here:
-    inside a bf16 scope, on a CPU with AMX, for an fp32 model, without autograd."""
+def _bf16_cpu(device_type: str, dtype: torch.dtype) -> bool:
     p = active_precision()
     return (p is not None and p.name == "bf16" and device_type == "cpu" and dtype == torch.float32
-            and not torch.is_grad_enabled() and cpu_bf16_support() == "amx")
+            and cpu_bf16_support() == "amx")
+
+
+def bf16_operands(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether inference on ``device_type`` for a model of ``dtype`` multiplies bf16 tensors here
+    (weights cached): inside a bf16 scope, on a CPU with AMX, for an fp32 model, without autograd."""
+    return not torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
+
+
+def bf16_training(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether a forward pass with autograd multiplies bf16 tensors (weights cast per pass): as
+    :func:`bf16_operands`, with autograd."""
+    return torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
 
 
 # module -> {name: (sources, their versions, the bf16 tensor)}. Beside the modules, not on them,
@@ -57,10 +73,14 @@ def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``, on bf16 operands where :func:`bf16_operands` says so (the bias added in fp32)."""
-    if not bf16_operands(x.device.type, x.dtype):
+    """``layer(x)``, on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so
+    (the bias added in fp32)."""
+    if bf16_operands(x.device.type, x.dtype):
+        w = bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
+    elif bf16_training(x.device.type, x.dtype):
+        w = layer.weight.to(torch.bfloat16)
+    else:
         return layer(x)
-    w = bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
     y = F.linear(x.to(torch.bfloat16), w)
     y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
     return y if layer.bias is None else y.add_(layer.bias)
