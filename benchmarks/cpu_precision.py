@@ -9,8 +9,9 @@ matmul rates behind them, the machine's bf16 support, and the error of every lay
   shapes with random weights and the embedded default model. fp32 and bf16 runs alternate on the
   same batches (best of ``--repeats`` each); the error of bf16 is measured per layer against the
   fp32 output: max and mean absolute, and the mean relative to the layer's mean magnitude.
-* Training: the small preset on PTB (stream batches, ``--train-softmax``), an fp32 and a bf16
-  model with the same initial weights stepping alternately on the same batches (Adagrad).
+* Training: the small preset on PTB (stream batches, ``--train-softmax``, ``--train-batch``), an
+  fp32 and a bf16 model with the same initial weights on the same batches (Adagrad), each in its
+  own process, the processes alternating.
 * Matmuls: the shapes of the small and original recurrences and a 2048^3 sgemm, fp32 and bf16.
 * Emulation: the embedding of the small shapes rerun in a child process with oneDNN capped at
   AVX512-BF16 without AMX, and at AVX-512 without bf16 (``ONEDNN_MAX_CPU_ISA``), as on CPUs that
@@ -129,41 +130,51 @@ def embedding(models: list[str], batches, repeats: int) -> list[dict]:
     return rows
 
 
-def training(steps: int, batch: int, softmax: str) -> dict:
+def train_steps(precision: str, steps: int, batch: int, softmax: str) -> dict:
+    """One model's training steps (the first two untimed): seconds per step and the losses."""
     vocab = Vocabulary.build([PTB])
-    lms = {}
-    for p in ("fp32", "bf16"):
-        torch.manual_seed(0)
-        lm = LanguageModel(TRAIN_PRESETS["small"](), vocab, softmax=softmax,
-                           regularisation=Regularisation(dropout=0.1)).train()
-        lm.bilm.precision = p
-        lms[p] = (lm, torch.optim.Adagrad(lm.parameters(), lr=0.2, initial_accumulator_value=1.0))
+    torch.manual_seed(0)
+    lm = LanguageModel(TRAIN_PRESETS["small"](), vocab, softmax=softmax,
+                       regularisation=Regularisation(dropout=0.1)).train()
+    lm.bilm.precision = precision
+    opt = torch.optim.Adagrad(lm.parameters(), lr=0.2, initial_accumulator_value=1.0)
     batcher = StreamBatcher(Corpus([PTB], seed=0), vocab, batch, 20)
-    times = {"fp32": [], "bf16": []}
-    states = {"fp32": None, "bf16": None}
-    losses = {"fp32": [], "bf16": []}
+    state, times, losses = None, [], []
     for i in range(steps + 2):
         b = next(batcher)
-        for p, (lm, opt) in lms.items():
-            g = torch.Generator().manual_seed(i)
-            t = time.perf_counter()
-            sums, final = lm.batch_nll(b, states[p], g)
-            loss = 0.5 * sums.sum() / b.n_targets
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(lm.parameters(), 10.0)
-            opt.step()
-            states[p] = [(c.detach(), h.detach()) for c, h in final]
-            if i >= 2:
-                times[p].append(time.perf_counter() - t)
-            losses[p].append(float(loss.detach()))
+        g = torch.Generator().manual_seed(i)
+        t = time.perf_counter()
+        sums, final = lm.batch_nll(b, state, g)
+        loss = 0.5 * sums.sum() / b.n_targets
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 10.0)
+        opt.step()
+        state = [(c.detach(), h.detach()) for c, h in final]
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+        losses.append(float(loss.detach()))
+    return {"step_seconds": times, "losses": losses}
+
+
+def training(steps: int, batch: int, softmax: str, threads: int, rounds: int = 2) -> dict:
+    """fp32 and bf16 from the same initial weights on the same batches, each model in its own
+    process (one process alternating both measured fp32 far below its own speed), the processes
+    alternating; each precision's median step of its best round."""
+    runs: dict[str, list[dict]] = {"fp32": [], "bf16": []}
+    for _ in range(rounds):
+        for p in runs:
+            cmd = [sys.executable, __file__, "--threads", str(threads), "--train-child", p,
+                   "--train-steps", str(steps), "--train-batch", str(batch), "--train-softmax", softmax]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[p].append(json.loads(res.stdout.splitlines()[-1]))
     tok = batch * 20
+    rate = {p: max(tok / statistics.median(r["step_seconds"]) for r in rs) for p, rs in runs.items()}
     out = {"preset": "small", "softmax": softmax, "batch": f"{batch}x20", "steps_timed": steps,
-           "fp32_tokens_per_s": tok / statistics.median(times["fp32"]),
-           "bf16_tokens_per_s": tok / statistics.median(times["bf16"]),
-           "final_loss": {p: v[-1] for p, v in losses.items()}}
+           "processes_per_precision": rounds, "fp32_tokens_per_s": rate["fp32"], "bf16_tokens_per_s": rate["bf16"],
+           "final_loss": {p: rs[0]["losses"][-1] for p, rs in runs.items()}}
     out["speedup"] = out["bf16_tokens_per_s"] / out["fp32_tokens_per_s"]
-    print(f"  train small/{softmax} fp32 {out['fp32_tokens_per_s']:7,.0f} tok/s  bf16 "
+    print(f"  train small/{softmax} {batch}x20 fp32 {out['fp32_tokens_per_s']:7,.0f} tok/s  bf16 "
           f"{out['bf16_tokens_per_s']:7,.0f}  x{out['speedup']:.2f}", flush=True)
     return out
 
@@ -193,14 +204,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=6000, help="words embedded per setting (about)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=4)
-    ap.add_argument("--train-batch", type=int, default=64)
+    ap.add_argument("--train-batch", default="64,128", help="rows per batch, comma-separated")
     ap.add_argument("--train-softmax", default="adaptive,full")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--no-emulate", action="store_true")
     ap.add_argument("--no-matmuls", action="store_true")
     ap.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--train-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.train_child:
+        torch.set_num_threads(int(args.threads))
+        print(json.dumps(train_steps(args.train_child, args.train_steps, int(args.train_batch), args.train_softmax)))
+        return
     report = {"machine": machine(), "threads": {}}
     if not args.json_stdout:
         print(report["machine"]["support_line"], flush=True)
@@ -217,7 +233,8 @@ def main() -> None:
                       f"  x{m['ratio']:.2f}", flush=True)
         r["embedding"] = embedding(args.models.split(","), batches, args.repeats)
         if not args.no_train:
-            r["training"] = [training(args.train_steps, args.train_batch, s) for s in args.train_softmax.split(",")]
+            r["training"] = [training(args.train_steps, b, s, n) for s in args.train_softmax.split(",")
+                             for b in (int(x) for x in args.train_batch.split(","))]
     if not args.no_emulate:
         torch.set_num_threads(1)
         report["emulated"] = emulated(args.tokens)
