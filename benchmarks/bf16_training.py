@@ -5,7 +5,7 @@ same seed on the same batches, each with ``elmo train`` in its own process; the 
 perplexity of both, and their training speed.
 
     .venv/bin/python benchmarks/bf16_training.py --out results/bf16_training.json
-    .venv/bin/python benchmarks/bf16_training.py --steps 20 --eval-every 10     # a quick look
+    .venv/bin/python benchmarks/bf16_training.py --steps 20 --eval-every 10 --valid-lines 300   # a quick look
 
 Protocol, fixed before the numbers: 1,000 steps of 32 x 20 tokens (640k tokens, about 0.7 of an
 epoch), the recipe's schedule shortened to those steps (warm-up 200, cosine), validation on all
@@ -33,11 +33,11 @@ SHARED = ROOT.parent / "shared" / "data" / "lm" / "ptb"
 RECIPE = ROOT / "configs" / "ptb" / "phase8.json"
 
 
-def run(precision: str, steps: int, eval_every: int, threads: int, work: Path) -> dict:
+def run(precision: str, steps: int, eval_every: int, threads: int, work: Path, valid: Path) -> dict:
     cfg = json.loads(RECIPE.read_text(encoding="utf-8"))
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
     out = work / precision
-    cfg.update(train=[str(SHARED / "ptb.train.txt")], valid=[str(SHARED / "ptb.valid.txt")],
+    cfg.update(train=[str(SHARED / "ptb.train.txt")], valid=[str(valid)],
                vocab=str(work / "vocab.txt"), out_dir=str(out), max_steps=steps, eval_every=eval_every,
                warmup_steps=min(cfg["warmup_steps"], steps // 5), checkpoint_every=steps, log_every=max(1, steps // 20),
                patience=None, threads=threads, precision=precision, resume=False)
@@ -62,15 +62,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--valid-lines", type=int, help="validate on the first lines of PTB valid only (a quick look)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         subprocess.run([sys.executable, "-m", "torchelmo.cli", "vocab", str(SHARED / "ptb.train.txt"),
                         "-o", str(work / "vocab.txt")], check=True, stdout=subprocess.DEVNULL)
-        runs = [run(p, args.steps, args.eval_every, args.threads, work) for p in ("fp32", "bf16")]
+        valid = SHARED / "ptb.valid.txt"
+        if args.valid_lines:
+            lines = valid.read_text(encoding="utf-8").splitlines(keepends=True)[:args.valid_lines]
+            valid = work / "valid.txt"
+            valid.write_text("".join(lines), encoding="utf-8")
+        runs = [run(p, args.steps, args.eval_every, args.threads, work, valid) for p in ("fp32", "bf16")]
     fp32, bf16 = (r["validation"][-1]["ppl"] for r in runs)
     report = {"torch": torch.__version__, "bf16_support": cpu_bf16_support(), "threads": args.threads,
+              "valid_lines": args.valid_lines or "all",
               "recipe": str(RECIPE.relative_to(ROOT)), "steps": args.steps, "batch": "32x20", "runs": runs,
               "relative_difference": bf16 / fp32 - 1.0, "speedup": runs[1]["tokens_per_s"] / runs[0]["tokens_per_s"]}
     for r in runs:

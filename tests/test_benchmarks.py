@@ -21,6 +21,8 @@ QUICK = {
     "cpu_precision.py": ["--threads", "1", "--models", "default", "--tokens", "200", "--repeats", "1",
                          "--train-steps", "1", "--train-batch", "4", "--train-softmax", "adaptive",
                          "--no-emulate", "--no-matmuls", "--out", "{json}"],
+    "bf16_training.py": ["--steps", "2", "--eval-every", "2", "--valid-lines", "20", "--threads", "1",
+                         "--out", "{json}"],
     "train.py": ["--steps", "1", "--batch", "2", "--threads", "1", "--json", "{json}"],
     "export.py": ["--models", "default", "--threads", "1", "--sentences", "8", "--batch", "4", "--rounds", "1",
                   "--out", "{json}"],
