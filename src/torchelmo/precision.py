@@ -7,14 +7,13 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
 * ``bf16``: matrix products take bfloat16 operands and accumulate in fp32; parameters, cell
   state, gates, clips and every elementwise step stay fp32.
 
-  - On a CPU, through oneDNN's bf16 math mode for fp32 matmuls and convolutions: every matmul
-    and convolution of the model (char-CNN, highway, projection, both LSTM stacks, the softmax),
-    forward and backward, rounds its operands to bfloat16 and returns fp32. The model stays fp32
-    (in training: fp32 master weights and optimizer state). Fast where the CPU has bfloat16
-    matrix units (AMX); without them, slower than fp32 (see :func:`cpu_bf16_support`).
-    At inference with AMX, the recurrence, the highway and the token projection multiply
-    bfloat16 tensors instead (:mod:`torchelmo.operands`: weights cast once, products rounded
-    to bfloat16), since the math mode converts the weights again on every call.
+  - On a CPU with bfloat16 matrix units (AMX), the char-CNN, highway, token projection and both
+    LSTM stacks multiply bfloat16 tensors, forward and backward (:mod:`torchelmo.operands`:
+    weights cast once at inference, once per pass in training; products rounded to bfloat16),
+    and every other matmul (the softmax) runs in oneDNN's bf16 math mode, which rounds fp32
+    operands to bfloat16 and returns fp32. The model stays fp32 (in training: fp32 master
+    weights and optimizer state). Without AMX, oneDNN computes such requests in fp32, so bf16
+    is no faster there (see :func:`cpu_bf16_support`).
   - On CUDA, bfloat16 autocast for the char-CNN and projections, and bfloat16 operands in the
     fused recurrence's kernels.
 * ``auto``: bf16 on a CPU with AMX, fp32 everywhere else (also on CUDA, until a GPU run has
