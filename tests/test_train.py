@@ -317,6 +317,25 @@ def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypa
     assert torch.load(out / CHECKPOINT_NAME, weights_only=False)["step"] == 4
 
 
+def test_cli_resume_refuses_changed_settings_and_takes_a_new_precision(tmp_path, fixture_corpus, capsys):
+    data, vocab = fixture_corpus
+    out = tmp_path / "run"
+    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",
+            "--batch-size", "4", "--unroll", "5", "--threads", "1", "--no-progress", "--lr", "0.1"]
+    assert cli_main(argv + ["--max-steps", "2"]) == 0
+    capsys.readouterr()
+    # A setting that changes what is computed: refused in one line, naming it, before any step.
+    assert cli_main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--lr", "0.5", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lr (0.1 -> 0.5)" in err and "precision" in err
+    assert torch.load(out / CHECKPOINT_NAME, weights_only=False)["step"] == 2
+    # The same value again, or a new precision (only the matmuls' rounding changes): continues.
+    assert cli_main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--lr", "0.1",
+                     "--precision", "bf16", "--no-progress"]) == 0
+    assert json.loads((out / "train_config.json").read_text())["precision"] == "bf16"
+    assert torch.load(out / CHECKPOINT_NAME, weights_only=False)["step"] == 4
+
+
 def test_precision_option(tmp_path, fixture_corpus):
     data, vocab = fixture_corpus
     with pytest.raises(ElmoError, match="precision must be fp32, tf32, bf16, auto, got 'fp16'"):

@@ -112,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict | None
     """The run's configuration and, when resuming, the checkpoint it continues (read once here)."""
     settings, ckpt = settings_from_args(args), None
     if settings.get("resume"):
-        settings, ckpt = resume_point(settings.get("out_dir"), settings)
+        settings, ckpt = resume_point(settings.get("out_dir"), settings, strict=True)
     if "out_dir" not in settings:
         raise ElmoError("--out is required")
     if "train" not in settings:

@@ -132,11 +132,14 @@ def load_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-def resume_point(out_dir: str | Path | None, settings: dict[str, Any]) -> tuple[dict[str, Any], dict | None]:
+def resume_point(out_dir: str | Path | None, settings: dict[str, Any], strict: bool = False
+                 ) -> tuple[dict[str, Any], dict | None]:
     """The configuration of a run resumed from ``out_dir/checkpoint.pt``, and that checkpoint.
 
     Everything comes from the checkpoint except the :data:`RESUME_OVERRIDABLE` fields of
-    ``settings``. Without a checkpoint (a first run under ``--resume``), ``settings`` as given and None.
+    ``settings``. ``strict`` (``settings`` holds only what the user gave: flags, a config file):
+    any other setting that differs from the run's is an error. Without a checkpoint (a first run
+    under ``--resume``), ``settings`` as given and None.
     """
     path = Path(out_dir) / CHECKPOINT_NAME if out_dir else None
     if path is None or not path.exists():
@@ -147,6 +150,14 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any]) -> tuple[
         raise ElmoError(f"{path}: cannot resume from it: missing {', '.join(missing)}")
     if not isinstance(ckpt["config"], dict):
         raise ElmoError(f"{path}: its config is a {type(ckpt['config']).__name__}, not an object")
+    # Any other setting the user gave must be the run's: a resumed run keeps them, and a changed
+    # one would otherwise be dropped without a word. ("auto" is resolved when a run starts.)
+    changed = [f"{k} ({ckpt['config'][k]!r} -> {v!r})" for k, v in sorted(settings.items())
+               if strict and k not in RESUME_OVERRIDABLE and k not in PER_INVOCATION and k in ckpt["config"]
+               and v != ckpt["config"][k] and v != "auto"]
+    if changed:
+        raise ElmoError(f"{path}: a resumed run keeps its settings, but these differ: {'; '.join(changed)} "
+                        f"(only {', '.join(sorted(RESUME_OVERRIDABLE - {'out_dir', 'resume'}))} may change)")
     merged = {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}
     merged.update({k: settings.get(k, default) for k, default in PER_INVOCATION.items()})
     return merged, ckpt

@@ -33,9 +33,11 @@ TRAIN_PRESETS: dict[str, Callable[[], ElmoConfig]] = {
                               filters=[[w, 20 * w] for w in range(1, 7)], n_highway=1),
 }
 
-# Fields that may be changed when resuming (they do not change what is computed, or extend it).
+# Fields that may be changed when resuming: they do not change what is computed, or extend it,
+# or (precision) only how its matmuls round.
 RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
-                      "threads", "progress", "out_dir", "resume", "keep_checkpoints", "time_limit"}
+                      "threads", "progress", "out_dir", "resume", "keep_checkpoints", "time_limit",
+                      "precision"}
 # Fields that belong to one invocation: a resumed run takes them from its own command line (or
 # their defaults), never from the checkpoint.
 PER_INVOCATION = {"time_limit": None, "overwrite": False, "new_data": False}
