@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .chars import PAD_CHAR
 from .config import ElmoConfig
-from .operands import bf16_cached, bf16_operands, bf16_training, linear
+from .operands import bf16_cached, bf16_operands, bf16_training, linear, note_training
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -177,6 +177,8 @@ class CharCNNEncoder(nn.Module):
             return weight.permute(2, 1, 0).reshape(w_max * E, self.config.n_filters)
 
         dtype = self.char_embed.weight.dtype
+        if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
+            note_training()
         if bf16_operands(device_type, dtype):
             return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), stacked)
         if bf16_training(device_type, dtype):

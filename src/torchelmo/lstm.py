@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from .backend import resolve_backend
 from .bptt import Recurrence
-from .operands import bf16_cached, bf16_operands, bf16_training
+from .operands import bf16_cached, bf16_operands, bf16_training, note_training
 
 FORGET_BIAS = 1.0
 
@@ -133,6 +133,7 @@ _BACKENDS = {"cpu": _run_cpu, "triton": _run_triton, "triton+graphs": _run_trito
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     """:func:`lstm_layer` where gradients are needed: backpropagation through time written out
     (:class:`~torchelmo.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.operands`)."""
+    note_training()
     _, B, T, _ = x.shape
     runs = [n for n in _running_rows(lengths, T) if n > 0]
     if not runs:

@@ -46,35 +46,48 @@ def bf16_training(device_type: str, dtype: torch.dtype) -> bool:
     return torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
 
 
-# module -> {name: (sources, their versions, the bf16 tensor)}. Beside the modules, not on them,
-# so that pickling or copying a model never carries the cache; it costs half the cached weights'
-# memory again, and goes with its module.
+# module -> {name: (sources, their versions, the training generation, the bf16 tensor)}. Beside
+# the modules, not on them, so that pickling or copying a model never carries the cache; it costs
+# half the cached weights' memory again, and goes with its module.
 _CACHE: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+# Counts forward passes with autograd. PyTorch's fused optimizers change weights in place without
+# bumping their version counters, so a version alone misses an optimizer step; a training pass
+# precedes every such step, and makes every cached cast stale.
+_generation = 0
+
+
+def note_training() -> None:
+    """A forward pass with autograd is running: weights may change before the next inference."""
+    global _generation
+    _generation += 1
 
 
 def bf16_cache(owner: nn.Module) -> dict:
     """The cached bf16 tensors of ``owner``, by name (empty before its first bf16 inference)."""
-    return {name: entry[2] for name, entry in _CACHE.get(owner, {}).items()}
+    return {name: entry[3] for name, entry in _CACHE.get(owner, {}).items()}
 
 
 def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
                 make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``make()`` in bfloat16, cached for ``owner`` under ``name``; remade only when a source
-    tensor was replaced or changed in place (the entry holds its sources, so a replaced tensor's
-    memory cannot return under the same address and version)."""
+    """``make()`` in bfloat16, cached for ``owner`` under ``name``; remade when a source tensor was
+    replaced or changed in place, or a training pass ran since (:func:`note_training`). The entry
+    holds its sources, so a replaced tensor's memory cannot return under the same address and
+    version."""
     cache = _CACHE.setdefault(owner, {})
     entry = cache.get(name)
-    if entry is None or len(entry[0]) != len(sources) or any(
+    if entry is None or entry[2] != _generation or len(entry[0]) != len(sources) or any(
             a.data_ptr() != b.data_ptr() or a._version != v for a, b, v in zip(entry[0], sources, entry[1])):
         with torch.no_grad():
             entry = cache[name] = (tuple(t.detach() for t in sources), tuple(t._version for t in sources),
-                                   make().detach().to(torch.bfloat16))
-    return entry[2]
+                                   _generation, make().detach().to(torch.bfloat16))
+    return entry[3]
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``, on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so
     (the bias added in fp32)."""
+    if torch.is_grad_enabled() and layer.weight.requires_grad:
+        note_training()
     if bf16_operands(x.device.type, x.dtype):
         w = bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
     elif bf16_training(x.device.type, x.dtype):
