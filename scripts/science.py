@@ -48,8 +48,11 @@ BUDGET = {
     "tokens": 80_000_000,          # per direction: max_steps x 128 rows x 20 steps = 31,250 x 2,560
     "hours_estimate": 12,          # at the 1,900 tokens/s measured before the start (2 threads, fp32)
     "validation_every_tokens": 10_000_000,
-    # fp32: on this run's shapes (128 rows, adaptive softmax) bf16 trained no faster, measured side
-    # by side before the start (2 threads: fp32 1,956 / 1,811 tokens/s, bf16 1,948 / 1,819).
+    # fp32 at the start: on this run's shapes (128 rows, adaptive softmax) bf16 then trained no
+    # faster (2 threads: fp32 1,956 / 1,811 tokens/s, bf16 1,948 / 1,819). bf16 from step 13,149
+    # (the config's precision), once bf16 training multiplied bf16 tensors: 1.41x fp32 at 2
+    # threads (benchmarks/cpu_precision.py), and PTB's recipe in bf16 followed fp32 to 0.3%
+    # (benchmarks/bf16_training.py). Each chunk records its precision.
     "precision": "fp32",
 }
 
