@@ -96,6 +96,23 @@ def test_adaptive_softmax_normalised():
         AdaptiveSoftmax(100, 4, [50, 20])
 
 
+@pytest.mark.parametrize("vocab,cutoffs", [(100, [10, 40]), (5000, None), (12, [3, 6, 9])])
+def test_adaptive_nll_is_torchs_with_its_gradients(vocab, cutoffs):
+    # The training loss computes its products through torchelmo.operands (bf16 operands under
+    # bf16); in fp32 it is nn.AdaptiveLogSoftmaxWithLoss's, value and gradients, to the bit.
+    torch.manual_seed(3)
+    sm = AdaptiveSoftmax(vocab, 16, cutoffs)
+    with torch.no_grad():
+        for w in sm.parameters():
+            w.normal_(0.0, 0.3)
+    h, t = torch.randn(200, 16, requires_grad=True), torch.randint(0, vocab, (200,))
+    params = [h] + [w for w in sm.parameters() if w.numel()]
+    ours, theirs = sm.nll(h, t), -sm.asm(h, t).output
+    assert torch.equal(ours, theirs)
+    for a, b in zip(torch.autograd.grad(ours.sum(), params), torch.autograd.grad(theirs.sum(), params)):
+        assert torch.equal(a, b)
+
+
 def test_default_softmax_by_vocab_size():
     assert default_softmax(10_000) == "full" and default_softmax(800_000) == "sampled"
     assert isinstance(make_softmax("auto", 10_000, 4), FullSoftmax)

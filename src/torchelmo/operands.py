@@ -13,7 +13,8 @@ tensors:
 
 Activations are cast per call. A product comes back in bfloat16 (the matmul accumulates in fp32
 and rounds its result); biases, gates, cell state, clips and every elementwise step stay fp32.
-The softmax keeps the math mode.
+The training loss of the full and adaptive softmaxes goes through :func:`linear` too; the rest
+(the sampled softmax, log-probabilities of the whole vocabulary) keeps the math mode.
 """
 
 from __future__ import annotations
@@ -83,9 +84,10 @@ def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
     return entry[3]
 
 
-def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``, on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so
-    (the bias added in fp32)."""
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, layer.weight, layer.bias)`` (an ``nn.Linear``, or any module with those two
+    attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so (the
+    bias added in fp32)."""
     if torch.is_grad_enabled() and layer.weight.requires_grad:
         note_training()
     if bf16_operands(x.device.type, x.dtype):
@@ -93,7 +95,7 @@ def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     elif bf16_training(x.device.type, x.dtype):
         w = layer.weight.to(torch.bfloat16)
     else:
-        return layer(x)
+        return F.linear(x, layer.weight, layer.bias)
     y = F.linear(x.to(torch.bfloat16), w)
     y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
     return y if layer.bias is None else y.add_(layer.bias)

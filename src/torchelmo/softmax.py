@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import ElmoError
+from .operands import linear
 
 KINDS = ("full", "sampled", "adaptive")
 
@@ -53,7 +54,7 @@ class FullSoftmax(nn.Module):
 
     def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
             ) -> torch.Tensor:
-        logits = _up(F.linear(h, self.weight, self.bias))
+        logits = _up(linear(self, h))                   # bf16 operands under bf16 (torchelmo.operands)
         return F.cross_entropy(logits, targets, reduction="none")
 
 
@@ -118,7 +119,22 @@ class AdaptiveSoftmax(nn.Module):
 
     def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
             ) -> torch.Tensor:
-        return -self.asm(_up(h), targets).output
+        """``(N, P)``, ``(N,)`` -> ``(N,)``: what ``-self.asm(h, targets).output`` gives, with its
+        products through :func:`~torchelmo.operands.linear` (bf16 operands under bf16)."""
+        asm, h = self.asm, _up(h)
+        head = F.log_softmax(_up(linear(asm.head, h)), dim=-1)                 # (N, shortlist + clusters)
+        bounds = asm.cutoffs                                                   # [shortlist, c2, ..., V]
+        cluster = torch.bucketize(targets, targets.new_tensor(bounds), right=True)   # 0: the head
+        in_head = torch.where(cluster == 0, targets, asm.shortlist_size + cluster - 1)
+        logp = head.gather(1, in_head.unsqueeze(1)).squeeze(1)
+        for i, proj in enumerate(asm.tail):
+            rows = (cluster == i + 1).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            tail = F.log_softmax(_up(linear(proj[1], linear(proj[0], h.index_select(0, rows)))), dim=-1)
+            word = (targets.index_select(0, rows) - bounds[i]).unsqueeze(1)
+            logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
+        return -logp
 
 
 def default_cutoffs(vocab_size: int) -> list[int]:
