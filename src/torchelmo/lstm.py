@@ -64,10 +64,6 @@ class BiLstmLayer(nn.Module):
         return lstm_layer(self, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, backend)
 
 
-def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
-    return x if v is None else x.clamp(-v, v)
-
-
 def lstm_layer(
     layer: BiLstmLayer,
     x: torch.Tensor,
@@ -138,11 +134,8 @@ def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
     runs = [n for n in _running_rows(lengths, T) if n > 0]
     if not runs:
         return x.new_zeros(2, B, T, layer.projection_dim), c0, h0
-    D = layer.lstm_dim
-    forget = torch.zeros(4 * D, dtype=x.dtype, device=x.device)
-    forget[2 * D:3 * D] = FORGET_BIAS
     dtype = torch.bfloat16 if bf16_training(x.device.type, x.dtype) else None
-    return Recurrence.apply(x, c0, h0, layer.w_x, w_h, layer.bias + forget, layer.w_p, runs,
+    return Recurrence.apply(x, c0, h0, layer.w_x, w_h, _folded_bias(layer), layer.w_p, runs,
                             cell_clip, proj_clip, dtype)
 
 
@@ -216,9 +209,11 @@ class _Cell:
 
 
 def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
-    bias = layer.bias.detach().clone()
-    bias[:, 2 * layer.lstm_dim:3 * layer.lstm_dim] += FORGET_BIAS   # sigmoid(f + 1): the 1 in the bias
-    return bias
+    """``(2, 4D)``: the bias with the forget gate's 1 folded in (sigmoid(f + 1)); differentiable."""
+    D = layer.lstm_dim
+    forget = torch.zeros(4 * D, dtype=layer.bias.dtype, device=layer.bias.device)
+    forget[2 * D:3 * D] = FORGET_BIAS
+    return layer.bias + forget
 
 
 def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops=None):
