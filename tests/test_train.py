@@ -300,13 +300,17 @@ def test_grad_accum_bound_keeps_micro_batch_seeds_distinct(tmp_path, fixture_cor
     assert len(seeds) == 300 * MAX_GRAD_ACCUM
 
 
+def _tiny_run_argv(data, vocab, out, *extra):
+    """``elmo train`` of the tiny model on the fixture corpus into ``out``, with ``extra`` flags."""
+    return ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",
+            "--batch-size", "4", "--unroll", "5", "--threads", "1", "--no-progress", *extra]
+
+
 def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypatch):
     import torchelmo.train.checkpoint as ckpt_io
     data, vocab = fixture_corpus
     out = tmp_path / "run"
-    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",
-            "--batch-size", "4", "--unroll", "5", "--threads", "1", "--no-progress", "--log-every", "2"]
-    assert cli_main(argv + ["--max-steps", "2"]) == 0
+    assert cli_main(_tiny_run_argv(data, vocab, out, "--log-every", "2", "--max-steps", "2")) == 0
     calls = []
     real = ckpt_io.load_checkpoint
     monkeypatch.setattr(ckpt_io, "load_checkpoint", lambda p: calls.append(p) or real(p))
@@ -320,9 +324,7 @@ def test_cli_resume_reads_the_checkpoint_once(tmp_path, fixture_corpus, monkeypa
 def test_cli_resume_refuses_changed_settings_and_takes_a_new_precision(tmp_path, fixture_corpus, capsys):
     data, vocab = fixture_corpus
     out = tmp_path / "run"
-    argv = ["train", "--train", str(data), "--vocab", str(vocab), "--out", str(out), "--model", "tiny",
-            "--batch-size", "4", "--unroll", "5", "--threads", "1", "--no-progress", "--lr", "0.1"]
-    assert cli_main(argv + ["--max-steps", "2"]) == 0
+    assert cli_main(_tiny_run_argv(data, vocab, out, "--lr", "0.1", "--max-steps", "2")) == 0
     capsys.readouterr()
     # A setting that changes what is computed: refused in one line, naming it, before any step.
     assert cli_main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--lr", "0.5", "--no-progress"]) == 1
