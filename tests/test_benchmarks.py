@@ -23,6 +23,7 @@ QUICK = {
                          "--no-emulate", "--no-matmuls", "--out", "{json}"],
     "bf16_training.py": ["--steps", "2", "--eval-every", "2", "--valid-lines", "20", "--threads", "1",
                          "--out", "{json}"],
+    "bf16_probe.py": ["--tasks", "wsj", "--limit", "40", "--threads", "1", "--out", "{json}"],
     "train.py": ["--steps", "1", "--batch", "2", "--threads", "1", "--json", "{json}"],
     "export.py": ["--models", "default", "--threads", "1", "--sentences", "8", "--batch", "4", "--rounds", "1",
                   "--out", "{json}"],

@@ -223,9 +223,16 @@ def test_pos_probe_beats_majority(fixture_model, tmp_path):
     sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 300), ("dev", 80), ("test", 100))]
     feats = [extract(fixture_model, [s.tokens for s in ss], tmp_path, name=n, progress=False)
              for ss, n in zip(sets, "abc")]
+    units = {}
     r = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets),
-                ProbeConfig(max_epochs=12, lr=3e-3, n_boot=300), log=lambda m: None)
+                ProbeConfig(max_epochs=12, lr=3e-3, n_boot=300), log=lambda m: None, units=units)
     maj = r["majority"]["acc"]
+    # The per-sentence counts handed out for pairing with another run are the scores' own.
+    assert set(units) == {"E0", "E1", "E2", "mix"}
+    for name, c in units.items():
+        assert c.shape == (100, 2) and c[:, 1].sum() == r["n_test_tokens"]
+        acc = r["mix"]["acc"] if name == "mix" else r["layers"][name]["acc"]
+        assert c[:, 0].sum() / c[:, 1].sum() == pytest.approx(acc)
     for name in ("E0", "E1", "E2"):
         lo, hi = r["layers"][name]["ci"]
         assert lo <= r["layers"][name]["acc"] <= hi and hi - lo < 0.1

@@ -110,8 +110,11 @@ def encode_tags(tags_train: list[list[str]], *others: list[list[str]]) -> tuple[
 
 def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, list, list],
             cfg: ProbeConfig | None = None, layers: list[int] | None = None, mix: bool = True,
-            log: Callable[[str], None] = print) -> dict:
-    """Per-layer linear probes and the mix probe; ``tags`` = (train, dev, test) tag lists per sentence."""
+            log: Callable[[str], None] = print, units: dict[str, np.ndarray] | None = None) -> dict:
+    """Per-layer linear probes and the mix probe; ``tags`` = (train, dev, test) tag lists per sentence.
+
+    ``units``, if given, receives each probe's per-test-sentence ``(correct, tokens)`` counts
+    (``(S, 2)``, keyed ``E0``.. and ``mix``), to pair it with another run on the same test set."""
     cfg = cfg or ProbeConfig()
     for name, f, t in (("train", train, tags[0]), ("dev", dev, tags[1]), ("test", test, tags[2])):
         if f.offsets is None or f.n != sum(len(s) for s in t):
@@ -126,7 +129,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
     res: dict = {"labels": labels, "n_train_tokens": int(len(y_tr)), "n_test_tokens": int(len(y_te)),
                  "n_test_sentences": int(len(test.offsets) - 1), "config": asdict(cfg), "layers": {}}
 
-    unit_counts: dict[str, np.ndarray] = {}
+    unit_counts: dict[str, np.ndarray] = {} if units is None else units
 
     def score(pred: np.ndarray, name: str | None = None) -> dict:
         counts = sentence_counts(pred == y_te, test.offsets)
@@ -158,7 +161,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         model = MixLinear(Standardize.fit(x_tr, token_axis=1), L, F, len(labels))
         model, info = fit_classifier(model, x_tr, y_tr, x_dev, y_dev, cfg, token_axis=1,
                                      penalty=lambda: model.mix.l2_penalty(cfg.mix_l2))
-        r = {**score(predict(model, x_te, token_axis=1)), **info,
+        r = {**score(predict(model, x_te, token_axis=1), "mix"), **info,
              "weights": model.mix.weights(), "gamma": model.mix.gamma_value()}
         res["mix"] = r
         log(f"pos: mix test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
