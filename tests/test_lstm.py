@@ -71,7 +71,7 @@ def test_backend_table_picks_each_path(monkeypatch):
     assert B.resolve_backend("auto", "cuda", 5, 4, 16) == "cpu"
     with pytest.raises(ElmoError, match="backend triton: Triton is not installed"):
         B.resolve_backend("triton", "cuda", 5, 4, 16)
-    with pytest.raises(ElmoError, match="backend: must be one of auto, cpu, triton, triton\\+graphs"):
+    with pytest.raises(ElmoError, match="backend: must be one of auto, cpu, cpu\\+compile, triton, triton\\+graphs"):
         B.resolve_backend("cudnn", "cuda", 5, 4, 16)
     # The environment gives the default, read once.
     B.default_backend.cache_clear()
@@ -82,14 +82,15 @@ def test_backend_table_picks_each_path(monkeypatch):
     B.default_backend.cache_clear()
     # lstm_layer runs the table's entry for the resolved name, and BiLM passes its setting down.
     seen = []
-    for name in ("cpu", "triton", "triton+graphs"):
+    for name in ("cpu", "cpu+compile", "triton", "triton+graphs"):
         monkeypatch.setitem(L._BACKENDS, name, lambda *a, name=name: seen.append(name) or (None, None, None))
     monkeypatch.setattr(B, "triton_installed", lambda: True)
     layer = L.BiLstmLayer(4, 8, 4)
     x, c0, h0 = torch.zeros(2, 1, 2, 4), torch.zeros(2, 1, 8), torch.zeros(2, 1, 4)
-    for name in ("cpu", "triton", "triton+graphs", "auto"):
+    monkeypatch.setattr(B, "compiler_found", lambda: True)
+    for name in ("cpu", "cpu+compile", "triton", "triton+graphs", "auto"):
         L.lstm_layer(layer, x, [2], c0, h0, None, None, backend=name)
-    assert seen == ["cpu", "triton", "triton+graphs", "cpu"]
+    assert seen == ["cpu", "cpu+compile", "triton", "triton+graphs", "cpu"]
 
 
 @pytest.mark.parametrize("clips", [(0.7, 0.6), (None, None)])

@@ -15,6 +15,7 @@ from conftest import base_config
 from torchelmo import BiLM, batch_to_ids, preset
 from torchelmo import precision as precision_mod
 from torchelmo.cli import main
+from torchelmo.epilogue import compiler_found
 from torchelmo.lm import LanguageModel
 from torchelmo.lstm import BiLstmLayer, lstm_layer
 from torchelmo.operands import bf16_cache
@@ -56,7 +57,7 @@ SHAPES = [(24, 48, 64), (320, 48, 256)]     # narrow (one matmul per step) and w
 NATIVE = AMX   # bf16 tensors only where AMX multiplies them
 
 
-def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad):
+def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad, backend=None):
     torch.manual_seed(0)
     layer = BiLstmLayer(input_dim, lstm_dim, proj_dim)
     with torch.no_grad():
@@ -66,7 +67,8 @@ def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad):
         x[:, b, n:] = 0.0
     c0, h0 = torch.zeros(2, len(lengths), lstm_dim), torch.zeros(2, len(lengths), proj_dim)
     with torch.set_grad_enabled(grad), resolve_precision("bf16", "cpu").scope():
-        out, _, _ = lstm_layer(layer, x.requires_grad_(grad), lengths, c0, h0, 3.0, 3.0, precision="bf16")
+        out, _, _ = lstm_layer(layer, x.requires_grad_(grad), lengths, c0, h0, 3.0, 3.0, precision="bf16",
+                               backend=backend)
     return layer, x.detach(), out.detach().double()
 
 
@@ -86,19 +88,22 @@ def test_bf16_training_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lst
     assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cpu+compile", marks=pytest.mark.skipif(
+    not compiler_found(), reason="no C++ compiler for torch.compile"))])
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
-def test_bf16_inference_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim):
+def test_bf16_inference_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim, backend):
     # The inference paths: bfloat16 operands and products, the bias, gates, cell and clips in
-    # fp32. One step from the zero state matches that arithmetic except where the product's
-    # fp32 accumulation lands on the other side of a bf16 rounding boundary than float64's; over
-    # a sequence such one-unit differences travel on, so the bound is a few bf16 units.
-    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, [1, 1, 1, 1], grad=False)
+    # fp32 (compiled: the gates' sigmoid and tanh rational, to 5e-7). One step from the zero state
+    # matches that arithmetic except where the product's fp32 accumulation lands on the other side
+    # of a bf16 rounding boundary than float64's; over a sequence such one-unit differences travel
+    # on, so the bound is a few bf16 units.
+    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, [1, 1, 1, 1], grad=False, backend=backend)
     want = reference_layer(layer, x, [1] * 4, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
     close = (out - want).abs() < 1e-5
     assert close.double().mean() > 0.98
     assert (out - want).abs().max() <= 2.0 ** -8 * want.abs().max()
     lengths = [7, 5, 2]
-    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=False)
+    layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=False, backend=backend)
     want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
     assert (out - want).abs().max() <= 2.0 ** -6 * want.abs().max()
     exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)

@@ -1,11 +1,17 @@
 """Which implementation runs the LSTM recurrence: one named setting, ``BiLM.backend``.
 
-* ``cpu``: the PyTorch paths of :mod:`torchelmo.lstm` (any device; the only one on a CPU).
+* ``cpu``: the PyTorch paths of :mod:`torchelmo.lstm` (any device), eager.
+* ``cpu+compile``: the same, and at inference each step's gate epilogue runs as one loop that
+  ``torch.compile`` generates (:mod:`torchelmo.epilogue`; it needs a C++ compiler, and the first
+  batch of a layer's shape in a process compiles: seconds, cached on disk across processes).
 * ``triton``: the fused Triton recurrence (:mod:`torchelmo.fused`), for CUDA (on a CPU it needs
   Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
 * ``triton+graphs``: the same, and at inference each layer replays as a CUDA graph
   (:mod:`torchelmo.graphs`); with autograd or autocast on, it runs as ``triton``.
-* ``auto``: ``triton`` on CUDA when Triton is installed, else ``cpu``.
+* ``auto``: ``triton`` on CUDA when Triton is installed; on a CPU, ``cpu+compile`` where the
+  model computes on bf16 operands (``bf16`` precision on a CPU with AMX: there the epilogue costs
+  more than the matmuls), its layers have at least ``COMPILE_MIN_CELLS`` cells and a C++ compiler
+  is found; else ``cpu``.
 
 Whatever is asked, a layer too large for the fused kernels' 32-bit offsets runs ``cpu``. The
 setting's default is ``auto``, or ``TORCHELMO_BACKEND`` when set (read once, at first use).
@@ -17,9 +23,13 @@ import functools
 import importlib.util
 import os
 
+from .epilogue import compiler_found
 from .errors import ElmoError
+from .precision import cpu_bf16_support
 
-BACKENDS = ("auto", "cpu", "triton", "triton+graphs")
+BACKENDS = ("auto", "cpu", "cpu+compile", "triton", "triton+graphs")
+# Below this many cells per direction the epilogue is a small part of a step, and not worth a compile.
+COMPILE_MIN_CELLS = 256
 
 
 def check_backend(value: str, what: str = "backend") -> str:
@@ -46,14 +56,23 @@ def fused_fits(T: int, B: int, D: int) -> bool:
     return 2 * T * B * 4 * D < 2**31
 
 
-def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int) -> str:
-    """The path that runs a layer of ``D`` cells over ``B`` rows and ``T`` steps on ``device_type``:
-    ``cpu``, ``triton`` or ``triton+graphs`` (``name=None``: :func:`default_backend`)."""
+def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int, precision: str = "fp32") -> str:
+    """The path that runs a layer of ``D`` cells over ``B`` rows and ``T`` steps on ``device_type``
+    in ``precision`` (the kernel precision, ``fp32``, ``tf32`` or ``bf16``): ``cpu``,
+    ``cpu+compile``, ``triton`` or ``triton+graphs`` (``name=None``: :func:`default_backend`)."""
     name = default_backend() if name is None else check_backend(name)
-    if not fused_fits(T, B, D) or name == "cpu":
-        return "cpu"
     if name == "auto":
-        return "triton" if device_type == "cuda" and triton_installed() else "cpu"
+        if device_type == "cuda" and triton_installed() and fused_fits(T, B, D):
+            return "triton"
+        bf16_cpu = device_type == "cpu" and precision == "bf16" and cpu_bf16_support() == "amx"
+        return "cpu+compile" if bf16_cpu and D >= COMPILE_MIN_CELLS and compiler_found() else "cpu"
+    if name.startswith("cpu"):
+        if name == "cpu+compile" and not compiler_found():
+            raise ElmoError("backend cpu+compile: no C++ compiler found (torch.compile's CPU code needs one: "
+                            "install g++ or set CXX); use backend cpu or auto")
+        return name
+    if not fused_fits(T, B, D):
+        return "cpu"
     if not triton_installed():
         raise ElmoError(f"backend {name}: Triton is not installed (it comes with the CUDA builds of "
                         "PyTorch); use backend cpu or auto")

@@ -230,8 +230,8 @@ class BiLM(nn.Module, ComputeSettings):
             state = self.zero_state(x.shape[1], x)
         cfg = self.config
         kernel = self.resolved_precision().kernel
-        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim)
-        rows, unsort, run_lengths = _row_order(lengths, backend != "cpu")
+        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim, kernel)
+        rows, unsort, run_lengths = _row_order(lengths, backend.startswith("triton"))
         h_in = rows(x)
         outs, final = [], []
         for k, layer in enumerate(self.layers):

@@ -37,7 +37,7 @@ class ComputeSettings:
 
     @property
     def backend(self) -> str | None:
-        """Which implementation runs the recurrence: ``auto``, ``cpu``, ``triton``,
+        """Which implementation runs the recurrence: ``auto``, ``cpu``, ``cpu+compile``, ``triton``,
         ``triton+graphs`` (see :mod:`torchelmo.backend`), or None for its default."""
         return self._backend
 

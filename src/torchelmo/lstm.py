@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from .backend import resolve_backend
 from .bptt import Recurrence
+from .epilogue import compiled
 from .operands import bf16_cached, bf16_operands, bf16_training, note_training
 
 FORGET_BIAS = 1.0
@@ -97,15 +98,15 @@ def lstm_layer(
     state after its last position (its initial state if its length is 0).
     """
     w_h = layer.w_h if w_h is None else w_h
-    backend = resolve_backend(backend, x.device.type, x.shape[2], x.shape[1], layer.lstm_dim)
+    backend = resolve_backend(backend, x.device.type, x.shape[2], x.shape[1], layer.lstm_dim, precision)
     return _BACKENDS[backend](layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 
-def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=False):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
         return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
-    ops = Operands.pick(x.device.type, layer.w_x.dtype)
+    ops = Operands.pick(x.device.type, layer.w_x.dtype, fused)
     if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
         return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
@@ -123,7 +124,12 @@ def _run_triton_graphs(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, pre
     return _run_triton(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision)
 
 
-_BACKENDS = {"cpu": _run_cpu, "triton": _run_triton, "triton+graphs": _run_triton_graphs}
+def _run_cpu_compile(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
+    return _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=True)
+
+
+_BACKENDS = {"cpu": _run_cpu, "cpu+compile": _run_cpu_compile, "triton": _run_triton,
+             "triton+graphs": _run_triton_graphs}
 
 
 def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
@@ -165,13 +171,19 @@ class Operands:
     activations kept in bf16 buffers, products rounded to bf16; the bias added after in fp32, and
     the gates, cell state and clips fp32."""
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, fused: bool = False) -> None:
         self.dtype = dtype
         self.bf16 = dtype == torch.bfloat16
+        self.fused = fused   # the gate epilogue compiled (torchelmo.epilogue) where it can be
 
     @staticmethod
-    def pick(device_type: str, model_dtype: torch.dtype) -> Operands:
-        return Operands(torch.bfloat16 if bf16_operands(device_type, model_dtype) else model_dtype)
+    def pick(device_type: str, model_dtype: torch.dtype, fused: bool = False) -> Operands:
+        return Operands(torch.bfloat16 if bf16_operands(device_type, model_dtype) else model_dtype, fused)
+
+    def cell(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None) -> _Cell:
+        """A step's gates for these operands: the bias added to bf16 products after the matmul."""
+        bias = _folded_bias(layer).unsqueeze(1) if self.bf16 else None
+        return _Cell(layer, c0, cell_clip, self, bias, compiled() if self.fused else None)
 
     def weights(self, layer: BiLstmLayer, w_h: torch.Tensor, joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``([W_x ; W_h] or W_x, W_p)`` in the operand type: ``(2, in (+ P) (+ 1), 4D)``, ``(2, D, P)``."""
@@ -186,16 +198,36 @@ class Operands:
 
 
 class _Cell:
-    """The gates of one step, in place: ``c`` is updated for the first n rows, and
-    ``o * tanh(c)`` is returned (a view of a reused buffer, in the operand type)."""
+    """The gates of one step: ``c`` is updated for the first n rows, and ``o * tanh(c)`` is
+    returned in the operand type. Eager: in place, in reused buffers; ``fused``
+    (:func:`torchelmo.epilogue.compiled`): one compiled loop. ``bias``: ``(2, 1, 4D)`` to add to
+    products that lack it (bf16 operands), else None."""
 
-    def __init__(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None, ops: Operands) -> None:
-        self.D, self.cell_clip = layer.lstm_dim, cell_clip
+    def __init__(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None, ops: Operands,
+                 bias: torch.Tensor | None = None, fused=None) -> None:
+        self.D, self.cell_clip, self.bias, self.fused, self.rational = layer.lstm_dim, cell_clip, bias, fused, ops.bf16
         self.c = c0.clone()
-        self.tanh_c = c0.new_empty(c0.shape)
-        self.out = c0.new_empty(c0.shape, dtype=ops.dtype) if ops.bf16 else self.tanh_c
+        self.c_run = self.c   # fused: the running rows' state, (2, rows of the last step, D)
+        if fused is None:
+            self.tanh_c = c0.new_empty(c0.shape)
+            self.out = c0.new_empty(c0.shape, dtype=ops.dtype) if ops.bf16 else self.tanh_c
+            if bias is not None:
+                self.z_buf = c0.new_empty(*c0.shape[:2], 4 * self.D)
 
-    def __call__(self, z: torch.Tensor, n: int) -> torch.Tensor:
+    def __call__(self, z: torch.Tensor, n: int, z2: torch.Tensor | None = None) -> torch.Tensor:
+        """``z``: ``(2, n, 4D)`` the step's product; ``z2``: a second one to add, or None."""
+        if self.fused is not None:
+            m = self.c_run.shape[1]
+            if n < m:   # rows n.. have ended: their state is final
+                self.c[:, n:m] = self.c_run[:, n:]
+                self.c_run = self.c_run[:, :n].contiguous()
+            self.c_run, out = self.fused(z, z2, self.bias, self.c_run, self.cell_clip, self.rational)
+            return out
+        if self.bias is not None:
+            # copy then add in place: a mixed-type add would cast into a fresh temporary first
+            z = self.z_buf[:, :n].copy_(z).add_(self.bias)
+        if z2 is not None:
+            z.add_(z2)
         D = self.D
         i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
         i.sigmoid_()
@@ -206,6 +238,12 @@ class _Cell:
         if self.cell_clip is not None:
             c_n.clamp_(-self.cell_clip, self.cell_clip)
         return torch.mul(torch.tanh(c_n, out=self.tanh_c[:, :n]), o, out=self.out[:, :n])
+
+    def final(self) -> torch.Tensor:
+        """``(2, B, D)``: each row's cell state after its last step."""
+        if self.c_run is not self.c:
+            self.c[:, :self.c_run.shape[1]] = self.c_run
+        return self.c
 
 
 def _folded_bias(layer: BiLstmLayer) -> torch.Tensor:
@@ -224,7 +262,7 @@ def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, o
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     ops = ops or Operands(x.dtype)
-    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip, ops)
+    n_run, cell = _running_rows(lengths, T), ops.cell(layer, c0, cell_clip)
     K = In + P + (not ops.bf16)
     w, w_p = ops.weights(layer, w_h, joint=True)                      # (2, K, 4D), (2, D, P)
     # Step-major, so that a step's operand xh[t] is one contiguous (2, B, K) block for the matmul.
@@ -233,18 +271,12 @@ def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, o
     xh[0, :, :, In:In + P] = h0
     if not ops.bf16:
         xh[..., In + P] = 1.0
-    z_buf = x.new_empty(2, B, 4 * D)
-    if ops.bf16:
-        bias, zw_buf = _folded_bias(layer).unsqueeze(1), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
+    z_buf = x.new_empty(2, B, 4 * D, dtype=ops.dtype)
     for t in range(T):
         n = n_run[t]
         if n == 0:
             break
-        if ops.bf16:
-            # copy then add in place: a mixed-type add would cast into a fresh temporary first
-            z = z_buf[:, :n].copy_(torch.bmm(xh[t, :, :n], w, out=zw_buf[:, :n])).add_(bias)
-        else:
-            z = torch.bmm(xh[t, :, :n], w, out=z_buf[:, :n])
+        z = torch.bmm(xh[t, :, :n], w, out=z_buf[:, :n])
         h = xh[t + 1, :, :n, In:In + P]
         torch.bmm(cell(z, n), w_p, out=h)
         if proj_clip is not None:
@@ -252,7 +284,7 @@ def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, o
     hs = xh[..., In:In + P]                            # (T + 1, 2, B, P): h0, h_1, ..., zeros past the end
     L = torch.tensor(lengths, device=x.device).clamp(max=T)
     h_final = hs[L, :, torch.arange(B, device=x.device)].transpose(0, 1)   # row of length L: slot L
-    return hs[1:].permute(1, 2, 0, 3).to(x.dtype), cell.c, h_final.to(x.dtype)
+    return hs[1:].permute(1, 2, 0, 3).to(x.dtype), cell.final(), h_final.to(x.dtype)
 
 
 def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops=None):
@@ -262,7 +294,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     _, B, T, In = x.shape
     D, P = layer.lstm_dim, layer.projection_dim
     ops = ops or Operands(x.dtype)
-    n_run, cell = _running_rows(lengths, T), _Cell(layer, c0, cell_clip, ops)
+    n_run, cell = _running_rows(lengths, T), ops.cell(layer, c0, cell_clip)
     xt = x.transpose(1, 2)                             # (2, T, B, in), a view
     out = x.new_zeros(2, T, B, P, dtype=ops.dtype)
     h = h0.to(ops.dtype)
@@ -273,8 +305,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     x1 = x.new_empty(2, min(chunk, T) * B, In + (not ops.bf16), dtype=ops.dtype)
     xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D, dtype=ops.dtype)
     if ops.bf16:
-        w_h, bias = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), _folded_bias(layer).unsqueeze(1)
-        z_buf, hw_buf = x.new_empty(2, B, 4 * D), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
+        w_h, hw_buf = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
     else:
         x1[..., In] = 1.0
     for t0 in range(0, T, chunk):
@@ -290,19 +321,18 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
             if n == 0:
                 break
             if ops.bf16:
-                z = z_buf[:, :n].copy_(xw[:, t - t0, :n]).add_(bias)
-                z.add_(torch.bmm(h[:, :n], w_h, out=hw_buf[:, :n]))
+                g = cell(xw[:, t - t0, :n], n, torch.bmm(h[:, :n], w_h, out=hw_buf[:, :n]))
             else:
-                z = xw[:, t - t0, :n].baddbmm_(h[:, :n], w_h)
+                g = cell(xw[:, t - t0, :n].baddbmm_(h[:, :n], w_h), n)
             h = out[:, t, :n]
-            torch.bmm(cell(z, n), w_p, out=h)
+            torch.bmm(g, w_p, out=h)
             if proj_clip is not None:
                 h.clamp_(-proj_clip, proj_clip)
     L = torch.tensor(lengths, device=x.device).clamp(max=T)
     rows = torch.arange(B, device=x.device)
     out = out.to(x.dtype)
     h_final = torch.where((L > 0).view(1, B, 1), out[:, (L - 1).clamp(min=0), rows], h0)
-    return out.transpose(1, 2), cell.c, h_final
+    return out.transpose(1, 2), cell.final(), h_final
 
 
 def lstm_reference(
