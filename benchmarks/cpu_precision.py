@@ -42,7 +42,7 @@ from torchelmo.embed import WINDOW_LINES, Batching, embed_batch
 from torchelmo.lm import LanguageModel
 from torchelmo.precision import cpu_bf16_support, resolve_precision, support_line
 from torchelmo.probe.conll import read_conllu
-from torchelmo.runtime import cpu_name
+from torchelmo.runtime import cpu_name, keep_heap
 from torchelmo.train import TRAIN_PRESETS
 from torchelmo.vocab import Vocabulary
 
@@ -235,6 +235,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.train_child:
         torch.set_num_threads(int(args.threads))
+        keep_heap()   # as elmo train does
         print(json.dumps(train_steps(args.train_child, args.train_steps, int(args.train_batch), args.train_softmax)))
         return
     report = {"machine": machine(), "threads": {}}

@@ -175,6 +175,29 @@ def check_allocation(nbytes: int, what: str) -> None:
                         f"{free / 2**30:.1f} GiB of memory available")
 
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4     # glibc's mallopt parameters
+
+
+def keep_heap() -> bool:
+    """Serve every allocation from glibc's heap and keep what it frees (Linux with glibc; elsewhere
+    a no-op returning False).
+
+    A training step allocates the same large temporaries every step: the softmax's logits alone
+    are tens of MB. Above glibc's mmap threshold (32 MB at most) each is a fresh mapping whose
+    pages fault in again on first touch, every step; on this project's 2-core machines that was
+    about a quarter of a bf16 training step. From the heap they are reused, and in a loop of
+    similar steps the heap stays near one step's peak. For long loops of similar steps (training);
+    :func:`~torchelmo.embed.writer.fix_heap_threshold` is the policy for streaming inputs."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    except (OSError, AttributeError):   # not glibc
+        return False
+
+
 def copy_to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory, without
     blocking the host."""

@@ -21,7 +21,7 @@ from ..data import SentenceBatcher, StreamBatcher
 from ..errors import ElmoError
 from ..fileio import atomic_path
 from ..lm import LanguageModel
-from ..runtime import resolve_device, set_threads, write
+from ..runtime import keep_heap, resolve_device, set_threads, write
 from ..softmax import AdaptiveSoftmax, softmax_kind
 from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
@@ -105,6 +105,7 @@ class Trainer:
         """``resume_from``: the checkpoint ``cfg`` was merged with (:func:`checkpoint.resume_point`)."""
         self.cfg, self.out, self.resumed = cfg, Path(cfg.out_dir), resume_from
         set_threads(cfg.threads)
+        keep_heap()   # the steps' large temporaries reused, not mapped afresh every step
         # auto: this rank's GPU if there is one; cuda without an index: this rank's (LOCAL_RANK)
         self.device = resolve_device(cfg.device, "--device")
         self.env = setup_distributed(self.device)
