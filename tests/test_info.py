@@ -34,6 +34,7 @@ def test_info_states_the_default_model_in_one_line(capsys):
     for fact in ("4.0M parameters", "0.92M tokens", "MASC", "perplexity 178.8", "published model"):
         assert fact in first
     assert json.loads("\n".join(rest))["parameters"] == params
+    assert json.loads("\n".join(rest))["backend"].startswith("backend auto: ")
     # The README says the same, in the same words.
     assert first in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
 

@@ -77,3 +77,14 @@ def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int, 
         raise ElmoError(f"backend {name}: Triton is not installed (it comes with the CUDA builds of "
                         "PyTorch); use backend cpu or auto")
     return name
+
+
+def support_line() -> str:
+    """One line on what ``auto`` runs here (``elmo info``)."""
+    cuda = "triton on CUDA" if triton_installed() else "cpu on CUDA (Triton not installed)"
+    if compiler_found():
+        cpu = (f"cpu+compile under bf16 on this CPU's AMX for layers of {COMPILE_MIN_CELLS}+ cells (a C++ "
+               "compiler is found), else cpu" if cpu_bf16_support() == "amx" else "cpu")
+    else:
+        cpu = "cpu (no C++ compiler found, so no cpu+compile)"
+    return f"backend auto: {cuda}; on the CPU {cpu}"

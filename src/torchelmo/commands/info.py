@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from ..backend import support_line as backend_line
 from ..bilm import BiLM
 from ..precision import support_line
 from ..registry import ALIASES, REGISTRY
@@ -63,5 +64,5 @@ def run(args) -> int:
         print(default_model_line(n))
     print(json.dumps({"model": str(args.model), "parameters": n, "output_dim": model.output_dim,
                       "layers": model.num_layers, "options": model.config.to_options(),
-                      "machine": support_line()}, indent=2))
+                      "machine": support_line(), "backend": backend_line()}, indent=2))
     return 0
