@@ -251,3 +251,34 @@ def test_sigterm_while_embed_loads_its_model_is_one_line(tmp_path, monkeypatch, 
     assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top", "--threads", "1"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["elmo embed: interrupted"]
     assert not (tmp_path / "o.hdf5").exists()
+
+
+HEAP_PROBE = """
+import sys, torch
+from torchelmo import runtime
+def mappings():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+policy = sys.argv[1]
+if policy != "default":
+    assert getattr(runtime, policy)()
+torch.empty(2**20, dtype=torch.uint8).fill_(1)   # first use: torch maps what it needs once
+for mb in (2, 8, 64):
+    before = mappings()
+    block = torch.empty(mb * 2**20, dtype=torch.uint8).fill_(1)
+    print(mb, mappings() > before)
+    del block
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc parameters: Linux")
+@pytest.mark.parametrize("policy,mapped", [("default", {2: True, 8: True, 64: True}),
+                                           ("bounded_heap", {2: False, 8: True, 64: True}),
+                                           ("keep_heap", {2: False, 8: False, 64: False})])
+def test_heap_policies_decide_which_blocks_are_fresh_mappings(policy, mapped):
+    # A fresh mapping faults its pages in on first touch, every time it is allocated: training
+    # takes every block from the heap; streaming inference the ones up to 4 MB (memory stays flat).
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True)
+    got = {int(mb): flag == "True" for mb, flag in (line.split() for line in out.stdout.splitlines())}
+    assert got == mapped

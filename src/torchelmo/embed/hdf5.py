@@ -39,6 +39,7 @@ import numpy as np
 from ..bilm import BiLM
 from ..errors import ElmoError
 from ..fileio import atomic_path
+from ..runtime import bounded_heap
 from ..signals import Interrupts
 from ..text import Line, LineReader, count_lines, read_lines
 from .engine import (
@@ -49,7 +50,7 @@ from .engine import (
     iter_embed_indexed,
     start,
 )
-from .writer import GuardedH5, fix_heap_threshold
+from .writer import GuardedH5
 
 # h5py and tqdm are imported where used: `import torchelmo.embed` (and `elmo --help`) stays light.
 
@@ -194,7 +195,7 @@ def embed_file(model: BiLM, input_path: str | Path, output_path: str | Path, lay
     if str(input_path) != "-" and Path(input_path).resolve() == output_path.resolve():
         raise ElmoError(f"{output_path}: output would overwrite the input")
     lines = options.lines(input_path)
-    fix_heap_threshold()
+    bounded_heap()
     t0 = time.perf_counter()
     bar = _progress_bar(input_path, options.shard) if progress else None
     summary = EmbedSummary(output_path, 0, 0, 0)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,23 +10,6 @@ import numpy as np
 
 from ..fileio import GuardedWriter, write_error
 from ..signals import Interrupts
-
-M_TRIM_THRESHOLD = -1            # glibc's mallopt parameter
-
-
-def fix_heap_threshold() -> None:
-    """Keep glibc's heap from growing with the input (Linux; a no-op elsewhere).
-
-    glibc raises its mmap threshold each time a large block is freed, after which the batches'
-    temporaries are carved from the heap, whose free space it then rarely gives back: peak memory
-    crept up run after run of windows. A fixed trim threshold (which also fixes the mmap
-    threshold) keeps it flat. Process-wide, and harmless to other code."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):   # not glibc
-        pass
 
 
 class GuardedH5:
