@@ -47,7 +47,7 @@ def _run(layer, backend, precision, lengths, cell_clip, x, c0, h0):
 def test_compiled_epilogue_equals_eager(In, precision):
     D, P = 32, 16
     layer = _layer(In, D, P)
-    lengths = [6, 6, 4, 1, 0]                            # rows ending early, one never starting
+    lengths = [7, 6, 4, 2, 0]   # rows ending early, one never starting; step 6 runs one row alone
     B_ = len(lengths)
     x = torch.randn(2, B_, max(lengths), In)
     c0, h0 = torch.randn(2, B_, D), torch.randn(2, B_, P)
@@ -67,6 +67,7 @@ def test_compiled_epilogue_equals_eager(In, precision):
             torch.testing.assert_close(fused[1], eager[1], atol=2e-2, rtol=0)   # c: fp32 state
         # the row that never started keeps its initial state, as on the eager path
         assert fused[1][:, 4].equal(c0[:, 4]) and fused[2][:, 4].equal(eager[2][:, 4])
+    assert not epilogue._failed   # compiled throughout, one running row included
 
 
 def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monkeypatch):

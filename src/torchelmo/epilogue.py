@@ -114,7 +114,9 @@ def compiled():
 
 def _run_compiled(z, z2, bias, c, cell_clip, rational):
     global _failed
-    if _failed:   # a layer that started compiled goes on eager
+    # A layer that started compiled goes on eager after a failure; one running row is left to the
+    # eager ops too (a dynamic size cannot be 1, and a graph for it would be a second compile).
+    if _failed or z.shape[1] < 2:
         return step(z, z2, bias, c, cell_clip, rational)
     for t in (z, z2, c):
         if t is not None:
