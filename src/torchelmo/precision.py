@@ -12,7 +12,9 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
     weights cast once at inference, once per pass in training; products rounded to bfloat16),
     and every other matmul (the softmax) runs in oneDNN's bf16 math mode, which rounds fp32
     operands to bfloat16 and returns fp32. The model stays fp32 (in training: fp32 master
-    weights and optimizer state). Without AMX, oneDNN computes such requests in fp32, so bf16
+    weights and optimizer state). At inference each LSTM step's gates run as one compiled loop
+    whose sigmoid and tanh are rational functions, exact to 5e-7 (the backend ``auto`` picks,
+    :mod:`torchelmo.epilogue`). Without AMX, oneDNN computes such requests in fp32, so bf16
     is no faster there (see :func:`cpu_bf16_support`).
   - On CUDA, bfloat16 autocast for the char-CNN and projections, and bfloat16 operands in the
     fused recurrence's kernels.
