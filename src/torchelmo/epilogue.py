@@ -114,18 +114,22 @@ def compiled():
 
 def _run_compiled(z, z2, bias, c, cell_clip, rational):
     global _failed
-    # A layer that started compiled goes on eager after a failure; one running row is left to the
-    # eager ops too (a dynamic size cannot be 1, and a graph for it would be a second compile).
+    # A layer that started compiled goes on eager after a failure, and one running row takes the
+    # eager ops too (a dynamic size cannot be 1, and a graph for it would be another compile).
+    # Eager means torch's own sigmoid and tanh: the rational ones are only fast fused.
     if _failed or z.shape[1] < 2:
-        return step(z, z2, bias, c, cell_clip, rational)
+        return step(z, z2, bias, c, cell_clip, False)
     for t in (z, z2, c):
         if t is not None:
             torch._dynamo.mark_dynamic(t, 1)
     try:
-        return _compiled_step()(z, z2, bias, c, cell_clip, rational)
+        # A graph per layer shape, operand type and path: more than Dynamo's default 8 in a
+        # process that runs several models; past the limit it raises instead of running eager.
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            return _compiled_step()(z, z2, bias, c, cell_clip, rational)
     except Exception as e:  # the compiler's errors have no common type
         _failed = True
         warnings.warn(f"torch.compile failed for the LSTM's gate epilogue ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}); eager ops run instead", CompileWarning,
                       stacklevel=2)
-        return step(z, z2, bias, c, cell_clip, rational)
+        return step(z, z2, bias, c, cell_clip, False)

@@ -271,12 +271,12 @@ def lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, o
     xh[0, :, :, In:In + P] = h0
     if not ops.bf16:
         xh[..., In + P] = 1.0
-    z_buf = x.new_empty(2, B, 4 * D, dtype=ops.dtype)
+    z_buf = x.new_empty(2 * B * 4 * D, dtype=ops.dtype)   # a step's product, contiguous at any n
     for t in range(T):
         n = n_run[t]
         if n == 0:
             break
-        z = torch.bmm(xh[t, :, :n], w, out=z_buf[:, :n])
+        z = torch.bmm(xh[t, :, :n], w, out=z_buf[:2 * n * 4 * D].view(2, n, 4 * D))
         h = xh[t + 1, :, :n, In:In + P]
         torch.bmm(cell(z, n), w_p, out=h)
         if proj_clip is not None:
@@ -305,7 +305,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     x1 = x.new_empty(2, min(chunk, T) * B, In + (not ops.bf16), dtype=ops.dtype)
     xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D, dtype=ops.dtype)
     if ops.bf16:
-        w_h, hw_buf = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), x.new_empty(2, B, 4 * D, dtype=ops.dtype)
+        w_h, hw_buf = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), x.new_empty(2 * B * 4 * D, dtype=ops.dtype)
     else:
         x1[..., In] = 1.0
     for t0 in range(0, T, chunk):
@@ -321,7 +321,7 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
             if n == 0:
                 break
             if ops.bf16:
-                g = cell(xw[:, t - t0, :n], n, torch.bmm(h[:, :n], w_h, out=hw_buf[:, :n]))
+                g = cell(xw[:, t - t0, :n], n, torch.bmm(h[:, :n], w_h, out=hw_buf[:2 * n * 4 * D].view(2, n, 4 * D)))
             else:
                 g = cell(xw[:, t - t0, :n].baddbmm_(h[:, :n], w_h), n)
             h = out[:, t, :n]
