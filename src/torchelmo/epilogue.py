@@ -5,8 +5,9 @@ Dimensions: ``n`` running rows, ``D`` cells; both directions stacked on a leadin
 After a step's matmul, the recurrence's elementwise work (the bias, three sigmoids, two tanh, the
 cell update and its clip) is, in eager PyTorch, a pass over memory per operation, and each
 sigmoid and tanh a vectorised exp. On a CPU with bf16 matrix units, at the small model's shapes
-(``D = 1024``), that work takes about twice the step's bf16 matmul. :func:`fused_step` does it in
-one pass: Inductor's C++ code, one vectorised loop over the step's ``(2, n, 4D)`` products.
+(``D = 1024``), that work takes about twice the step's bf16 matmul. :func:`compiled` does it in
+one pass: :func:`step` as Inductor's C++ code, one vectorised loop over the step's ``(2, n, 4D)``
+products.
 
 On bf16 operands (products rounded to bfloat16, about 4e-3 relative) it also replaces sigmoid and
 tanh by a rational approximation, exact to 4e-7 in fp32 (:func:`rational_tanh`), which costs a
