@@ -91,10 +91,15 @@ def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monke
 
 def test_compiler_found_follows_cxx(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    assert not epilogue.compiler_found()
-    monkeypatch.setenv("PATH", "")
-    monkeypatch.delenv("CXX")
-    assert not epilogue.compiler_found()
+    epilogue.compiler_found.cache_clear()        # looked up once per process
+    try:
+        assert not epilogue.compiler_found()
+        monkeypatch.setenv("PATH", "")
+        monkeypatch.delenv("CXX")
+        epilogue.compiler_found.cache_clear()
+        assert not epilogue.compiler_found()
+    finally:
+        epilogue.compiler_found.cache_clear()
 
 
 def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):

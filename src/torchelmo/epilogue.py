@@ -86,8 +86,10 @@ def step(z: torch.Tensor, z2: torch.Tensor | None, bias: torch.Tensor | None, c:
     return c, (sigmoid(o) * tanh(c)).to(z.dtype)
 
 
+@functools.lru_cache(maxsize=1)
 def compiler_found() -> bool:
-    """Whether the C++ compiler Inductor calls is on this machine (``$CXX``, else g++/c++/clang++)."""
+    """Whether the C++ compiler Inductor calls is on this machine (``$CXX``, else g++/c++/clang++);
+    looked up once, not on every layer call."""
     names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
     return any(shutil.which(name) for name in names)
 
