@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -18,7 +21,7 @@ from torchelmo.cli import main
 from torchelmo.epilogue import compiler_found
 from torchelmo.lm import LanguageModel
 from torchelmo.lstm import BiLstmLayer, lstm_layer
-from torchelmo.operands import bf16_cache
+from torchelmo.operands import bf16_cache, linear, mm, padded_rows
 from torchelmo.precision import Precision, resolve_precision
 from torchelmo.train import train
 
@@ -322,3 +325,58 @@ def test_cli_backend_option(tmp_path):
     assert main(["embed", str(src), str(tmp_path / "cpu.hdf5"), "--top", "--backend", "cpu"]) == 0
     with pytest.raises(SystemExit):
         main(["embed", str(src), str(tmp_path / "x.hdf5"), "--backend", "cudnn"])
+
+
+def test_padded_rows_are_few_sizes_at_most_a_sixteenth_more():
+    sizes = [padded_rows(m) for m in range(1, 4097)]
+    assert all(m <= p <= m + m / 16 for m, p in zip(range(1, 4097), sizes))
+    assert sizes[:32] == list(range(1, 33))
+    assert len(set(sizes)) == 32 + 16 * 7                  # 16 per power of two from 32 to 4096
+    assert all(padded_rows(p) == p for p in sizes)
+
+
+@pytest.mark.parametrize("rows", [1, 37, 1111])
+def test_padded_products_equal_plain_ones(rows):
+    # Values and gradients of mm and linear on padded bf16 rows equal the plain bf16 product's
+    # (to one bf16 unit, where oneDNN's blocking of another shape rounds otherwise): the padding
+    # never leaks into a result or a gradient.
+    torch.manual_seed(0)
+    grads = {}
+    for name, f in (("padded", mm), ("plain", torch.mm)):
+        a = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)).bfloat16().requires_grad_()
+        b = torch.randn(96, 200, generator=torch.Generator().manual_seed(2)).bfloat16().requires_grad_()
+        y = f(a, b)
+        assert y.shape == (rows, 200) and y.dtype == torch.bfloat16
+        (y.float() * torch.linspace(-1, 1, 200)).sum().backward()
+        grads[name] = (y.detach().double(), a.grad.double(), b.grad.double())
+    want = a.detach().double() @ b.detach().double()
+    torch.testing.assert_close(grads["padded"][0], want, rtol=2 ** -7, atol=1e-2)
+    for got, plain in zip(grads["padded"], grads["plain"]):
+        torch.testing.assert_close(got, plain, rtol=2 ** -7, atol=2 ** -7 * float(plain.abs().max()))
+    x32, w32 = a.detach().float(), b.detach().float()
+    assert torch.equal(mm(x32, w32), torch.mm(x32, w32))          # fp32: untouched
+    layer = torch.nn.Linear(96, 200)
+    x = torch.randn(3, rows, 96)
+    with torch.no_grad(), resolve_precision("bf16", "cpu").scope():
+        got = linear(layer, x)
+    assert got.shape == (3, rows, 200) and got.dtype == torch.float32
+    torch.testing.assert_close(got, layer(x), rtol=0.02, atol=0.05)
+
+
+@pytest.mark.skipif(not AMX, reason="bf16 products compile oneDNN kernels only where AMX multiplies them")
+def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
+    # Row counts 1,025..1,088 (a batch's distinct tokens, say) make one padded shape: one
+    # compiled forward kernel, where each count used to compile its own.
+    script = tmp_path / "rows.py"
+    script.write_text(
+        "import torch\n"
+        "from torchelmo.operands import linear\n"
+        "from torchelmo.precision import resolve_precision\n"
+        "layer = torch.nn.Linear(64, 256)\n"
+        "with torch.no_grad(), resolve_precision('bf16', 'cpu').scope():\n"
+        "    for m in range(1025, 1089):\n"
+        "        linear(layer, torch.randn(m, 64))\n")
+    env = {**os.environ, "ONEDNN_VERBOSE": "profile_create"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    compiled = [line for line in out.splitlines() if "create:cache_miss" in line and ",matmul," in line]
+    assert compiled and len(compiled) <= 2, compiled

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .chars import PAD_CHAR
 from .config import ElmoConfig
-from .operands import bf16_cached, bf16_operands, bf16_training, linear, note_training
+from .operands import bf16_cached, bf16_operands, bf16_training, linear, mm, note_training
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -148,7 +148,7 @@ class CharCNNEncoder(nn.Module):
             n_pos = max(1, min(L, C - min(widths) + 1))
             win = emb[start:stop, : n_pos + w_max - 1].unfold(1, w_max, 1)  # (n, n_pos, E, w_max)
             win = win.transpose(2, 3).reshape(-1, w_max * E)
-            y = torch.mm(win, weight).view(count, n_pos, F_total)
+            y = mm(win, weight).view(count, n_pos, F_total)
             # Width w has windows at starts 0 .. C - w only.
             valid = torch.arange(n_pos, device=ids.device).unsqueeze(1) <= (C - width_of)
             if not bool(valid.all()):

@@ -31,7 +31,7 @@ import torch.nn as nn
 from .backend import resolve_backend
 from .bptt import Recurrence
 from .epilogue import compiled
-from .operands import bf16_cached, bf16_operands, bf16_training, note_training
+from .operands import bf16_cached, bf16_operands, bf16_training, note_training, padded_rows
 
 FORGET_BIAS = 1.0
 
@@ -302,8 +302,10 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
     # [x_t ; 1] of a chunk's steps times [W_x ; b]: the bias comes with the matmul (bf16: added
     # per step in fp32). The buffers are reused from chunk to chunk (no fresh 64 MB allocation).
     w, w_p = ops.weights(layer, w_h, joint=False)                    # (2, in (+ 1), 4D), (2, D, P)
-    x1 = x.new_empty(2, min(chunk, T) * B, In + (not ops.bf16), dtype=ops.dtype)
-    xw_buf = x.new_empty(2, min(chunk, T) * B, 4 * D, dtype=ops.dtype)
+    # bf16: the chunk's product over padded rows, so that its shape recurs (torchelmo.operands).
+    rows = padded_rows(min(chunk, T) * B) if ops.bf16 else min(chunk, T) * B
+    x1 = x.new_zeros(2, rows, In + (not ops.bf16), dtype=ops.dtype)
+    xw_buf = x.new_empty(2, rows, 4 * D, dtype=ops.dtype)
     if ops.bf16:
         w_h, hw_buf = bf16_cached(layer, "w_h", (w_h,), lambda: w_h), x.new_empty(2 * B * 4 * D, dtype=ops.dtype)
     else:
@@ -315,7 +317,8 @@ def lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h,
         t1 = min(T, t0 + chunk)
         M = (t1 - t0) * n0
         x1[:, :M, :In].view(2, t1 - t0, n0, In).copy_(xt[:, t0:t1, :n0])
-        xw = torch.bmm(x1[:, :M], w, out=xw_buf[:, :M]).view(2, t1 - t0, n0, 4 * D)
+        Mp = padded_rows(M) if ops.bf16 else M
+        xw = torch.bmm(x1[:, :Mp], w, out=xw_buf[:, :Mp])[:, :M].view(2, t1 - t0, n0, 4 * D)
         for t in range(t0, t1):
             n = n_run[t]
             if n == 0:

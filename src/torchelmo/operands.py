@@ -13,6 +13,13 @@ tensors:
 
 Activations are cast per call. A product comes back in bfloat16 (the matmul accumulates in fp32
 and rounds its result); biases, gates, cell state, clips and every elementwise step stay fp32.
+
+oneDNN compiles a kernel for each new shape of a bf16 product (about 4 ms each here) and keeps
+the latest 1024. The model's row counts (distinct tokens, a length group's windows, a cluster's
+targets) change from batch to batch, so nearly every step compiled dozens of kernels, and their
+long-lived allocations, made among a step's temporaries, fragmented the heap so that it grew by
+tens of MB a step, every page faulted in afresh. :func:`mm` and :func:`linear` therefore pad the
+rows with zeros up to :func:`padded_rows`: a few sizes recur, at most 1/16 more work.
 The training loss of the full and adaptive softmaxes goes through :func:`linear` too; the rest
 (the sampled softmax, log-probabilities of the whole vocabulary) keeps the math mode.
 """
@@ -84,6 +91,26 @@ def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
     return entry[3]
 
 
+def padded_rows(m: int) -> int:
+    """``m`` rounded up to one of 16 sizes per power of two: ``m`` itself up to 32, then multiples
+    of 2, 4, 8, ... (at most 1/16 more)."""
+    step = 1 << max(0, m.bit_length() - 5)
+    return -(-m // step) * step
+
+
+def _pad_rows(a: torch.Tensor) -> torch.Tensor:
+    m = a.shape[0]
+    return a if padded_rows(m) == m else F.pad(a, (0, 0, 0, padded_rows(m) - m))
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``a`` (M, K) and ``b`` (K, N); on bf16 CPU tensors with ``a``'s rows padded to
+    :func:`padded_rows` (the product's shape recurs, and its compiled kernel with it)."""
+    if a.dtype != torch.bfloat16 or a.device.type != "cpu":
+        return torch.mm(a, b)
+    return torch.mm(_pad_rows(a), b)[: a.shape[0]]
+
+
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, layer.weight, layer.bias)`` (an ``nn.Linear``, or any module with those two
     attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so (the
@@ -96,6 +123,7 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         w = layer.weight.to(torch.bfloat16)
     else:
         return F.linear(x, layer.weight, layer.bias)
-    y = F.linear(x.to(torch.bfloat16), w)
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)                # (M, in)
+    y = F.linear(_pad_rows(rows), w)[: rows.shape[0]].view(*x.shape[:-1], -1)
     y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
     return y if layer.bias is None else y.add_(layer.bias)
