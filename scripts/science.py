@@ -103,6 +103,15 @@ def machine(threads: int | None) -> str:
             f"{threads or 'default'} threads")
 
 
+def code_version() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it: which code trained
+    a chunk (a change of rounding, say, shows in the record)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def checkpoint_progress(run: Path) -> dict:
     """Step, tokens and training seconds of the run's last checkpoint (zeros before the first)."""
     path = run / "checkpoint.pt"
@@ -141,7 +150,7 @@ def train(args) -> int:
     run = run_dir(cfg)
     run.mkdir(parents=True, exist_ok=True)
     before, n_valid = checkpoint_progress(run), len(validations(run))
-    started, t0 = datetime.datetime.now(datetime.UTC), time.monotonic()
+    started, t0, code = datetime.datetime.now(datetime.UTC), time.monotonic(), code_version()
     cmd = [sys.executable, "-m", "torchelmo.cli", "train", "--config", os.path.relpath(CONFIG, ROOT), "--resume",
            "--time-limit", str(args.minutes)]
     if args.threads:
@@ -152,7 +161,7 @@ def train(args) -> int:
     after, valid = checkpoint_progress(run), validations(run)
     threads = args.threads or cfg.get("threads")
     chunk = {"started": started.isoformat(timespec="seconds"), "wall_seconds": round(time.monotonic() - t0, 1),
-             "machine": machine(threads), "precision": cfg["precision"],
+             "machine": machine(threads), "precision": cfg["precision"], "code": code,
              "step": [before["step"], after["step"]], "tokens": [before["tokens"], after["tokens"]],
              "train_seconds": round(after["seconds"] - before["seconds"], 1),
              "tokens_per_s": round((after["tokens"] - before["tokens"]) / max(1e-9, after["seconds"] - before["seconds"]), 1),
