@@ -119,6 +119,35 @@ def test_save_pretrained_writes_a_directory_ready_to_upload(tmp_path):
     assert (out / "README.md").read_text() == "# my own card\n"
 
 
+@pytest.mark.parametrize("dtype, bound", [("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)])
+def test_save_pretrained_stores_half_precision_weights_that_load_as_fp32(tmp_path, dtype, bound):
+    model = _tiny(4)
+    full = model.save_pretrained(tmp_path / "fp32")
+    half = model.save_pretrained(tmp_path / dtype, dtype=dtype)
+    size = (half / "model.safetensors").stat().st_size
+    assert size < 0.55 * (full / "model.safetensors").stat().st_size
+    loaded = BiLM.from_pretrained(half)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert b.dtype == torch.float32, name
+        assert torch.equal(b, a.to(getattr(torch, dtype)).float()), name       # each weight rounded once
+        assert ((b - a).abs() <= bound * a.abs()).all(), name
+    ids = batch_to_ids([["Half", "the", "bytes", "."]])
+    with torch.no_grad():
+        for x, y in zip(model(ids).layers, loaded(ids).layers):
+            assert 0 < (x - y).abs().max() < 0.05 * x.abs().max()
+
+
+def test_save_pretrained_refuses_a_weight_its_dtype_cannot_hold(tmp_path):
+    model = _tiny(5)
+    with torch.no_grad():
+        model.encoder.proj.weight[0, 0] = 1e6                  # past float16's 65,504
+    with pytest.raises(ElmoError, match=r"encoder\.proj\.weight.*float16.*non-finite"):
+        model.save_pretrained(tmp_path / "m", dtype="float16")
+    assert not (tmp_path / "m" / "model.safetensors").exists()
+    with pytest.raises(ElmoError, match="dtype must be one of float32, float16, bfloat16, got 'fp8'"):
+        model.save_pretrained(tmp_path / "m", dtype="fp8")
+
+
 def test_cli_loads_a_hub_id_offline_in_a_fresh_process(tmp_path):
     model = _tiny(3)
     _put_in_cache(tmp_path / "hf" / "hub", "me/tiny", REV_A, model.save_pretrained(tmp_path / "m"), ["main"])

@@ -346,11 +346,12 @@ class BiLM(nn.Module, ComputeSettings):
         a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.hub`)."""
         return _load_pretrained(cls, name_or_path, **kw)
 
-    def save_pretrained(self, out_dir: str | Path, **card) -> Path:
+    def save_pretrained(self, out_dir: str | Path, dtype: str = "float32", **card) -> Path:
         """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``,
         and a model card ``README.md`` (``card``: :func:`torchelmo.hub.model_card`'s fields), ready
-        to upload to the Hugging Face Hub."""
-        out = weights.save_native(self, out_dir)
+        to upload to the Hugging Face Hub. ``dtype``: the weights on disk, ``float32``,
+        ``float16`` or ``bfloat16`` (half the size; :meth:`from_pretrained` computes in fp32)."""
+        out = weights.save_native(self, out_dir, dtype=dtype)
         hub.write_model_card(self, out, **card)
         return out
 

@@ -152,11 +152,19 @@ def export_published(bilm, out_dir: str | Path, name: str = "elmo") -> tuple[Pat
 # ------------------------------------------------------------------------------------------------
 # Native format.
 # ------------------------------------------------------------------------------------------------
+# What a model may be stored in (``save_pretrained(dtype=...)``); loading computes in fp32.
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None,
-                extra_config: dict | None = None) -> Path:
+                extra_config: dict | None = None, dtype: str = "float32") -> Path:
+    """``dtype``: the weights' type on disk (``float16``: half the size, each weight within 2^-11
+    of itself; loading converts back to the model's type)."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    if dtype not in STORAGE_DTYPES:
+        raise ElmoError(f"save: dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +173,10 @@ def save_native(bilm, out_dir: str | Path, extra_tensors: dict[str, torch.Tensor
     tensors = {k: v.detach().cpu().contiguous() for k, v in bilm.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = v.detach().cpu().contiguous()
+    for k, v in tensors.items():
+        if v.is_floating_point() and v.dtype != STORAGE_DTYPES[dtype]:
+            tensors[k] = v.to(STORAGE_DTYPES[dtype])
+            check_finite(tensors[k], f"save: tensor {k!r} in {dtype} (out of its range)")
     try:
         with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
             save_file(tensors, str(tmp), metadata={"format": "elmo-native-1"})
