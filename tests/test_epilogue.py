@@ -108,7 +108,7 @@ def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
             raise RuntimeError("InductorError: CppCompileError: C++ compile error\nmore lines")
         return fail
     monkeypatch.setattr(epilogue, "compiler_found", lambda: True)
-    monkeypatch.setattr(epilogue, "_compiled_step", broken)
+    monkeypatch.setattr(epilogue, "_compile", lambda fn: broken())
     monkeypatch.setattr(epilogue, "_failed", False)
     layer = _layer(8, 16, 8)
     x, c0, h0 = torch.randn(2, 3, 4, 8), torch.zeros(2, 3, 16), torch.zeros(2, 3, 8)
@@ -120,3 +120,64 @@ def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # once: later layers take the eager path quietly
         _run(layer, "cpu+compile", "fp32", [4, 3, 1], 3.0, x, c0, h0)
+
+
+@pytest.mark.parametrize("clip", [3.0, None])
+def test_training_step_backward_is_the_gradient_of_the_step(clip):
+    # train_step_backward against autograd through train_step, in float64 (torch's functions):
+    # the written-out gradient rounded once to bf16, the cell gradient exact.
+    torch.manual_seed(0)
+    n, D = 5, 8
+    z = (2 * torch.randn(2, n, 4 * D, dtype=torch.float64)).requires_grad_()
+    bias = torch.randn(2, 1, 4 * D, dtype=torch.float64)
+    c = (2 * torch.randn(2, n, D, dtype=torch.float64)).requires_grad_()
+    gates, c_pre, c_new, q = epilogue.train_step(z, bias, c, clip, False)
+    dq, dc = torch.randn(2, n, D, dtype=torch.float64), torch.randn(2, n, D, dtype=torch.float64)
+    torch.autograd.backward([q, c_new], [dq, dc])
+    dz, dc_prev = epilogue.train_step_backward(dq, gates.detach(), c_pre.detach(), c.detach(), dc, clip, False)
+    assert dz.dtype == torch.bfloat16
+    torch.testing.assert_close(dz.double(), z.grad, rtol=2 ** -8, atol=1e-12)
+    torch.testing.assert_close(dc_prev, c.grad, rtol=1e-12, atol=1e-12)
+
+
+@needs_compiler
+@pytest.mark.skipif(cpu_bf16_support() != "amx", reason="bf16 training multiplies bf16 tensors only with AMX")
+def test_compiled_training_gates_follow_the_eager_ones():
+    # A bf16 training pass of one layer, forward and backward: each step's gates as two compiled
+    # loops (rational sigmoid and tanh) against the eager ops; the same numbers to a few bf16
+    # units, with rows that end early.
+    layer = _layer(24, 32, 16)
+    lengths = [6, 6, 4, 2]
+    x = torch.randn(2, len(lengths), max(lengths), 24)
+    c0, h0 = 0.5 * torch.randn(2, len(lengths), 32), 0.5 * torch.randn(2, len(lengths), 16)
+    got = {}
+    for backend in ("cpu", "cpu+compile"):
+        layer.zero_grad()
+        xx = x.clone().requires_grad_()
+        with resolve_precision("bf16", "cpu").scope():
+            out, c, h = L.lstm_layer(layer, xx, lengths, c0, h0, 3.0, 2.5, precision="bf16", backend=backend)
+        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        got[backend] = [out.detach(), c.detach(), xx.grad] + [p.grad.clone() for p in layer.parameters()]
+    for a, b in zip(got["cpu"], got["cpu+compile"]):
+        assert (b - a).norm() <= 2 ** -7 * a.norm()
+
+
+@needs_compiler
+@pytest.mark.skipif(cpu_bf16_support() != "amx", reason="bf16 training multiplies bf16 tensors only with AMX")
+def test_a_failing_training_compile_warns_once_and_trains_eager(monkeypatch):
+    def broken(fn):
+        def fail(*a):
+            raise RuntimeError("InductorError: CppCompileError")
+        return fail
+    monkeypatch.setattr(epilogue, "_compile", broken)
+    monkeypatch.setattr(epilogue, "_failed", False)
+    layer = _layer(24, 32, 16)
+    x = torch.randn(2, 3, 5, 24, requires_grad=True)
+    c0, h0 = torch.zeros(2, 3, 32), torch.zeros(2, 3, 16)
+    with pytest.warns(epilogue.CompileWarning, match="torch.compile failed"), \
+            resolve_precision("bf16", "cpu").scope():
+        out, _, _ = L.lstm_layer(layer, x, [5, 4, 3], c0, h0, 3.0, 2.5, precision="bf16", backend="cpu+compile")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0

@@ -3,7 +3,8 @@
 * ``cpu``: the PyTorch paths of :mod:`torchelmo.lstm` (any device), eager.
 * ``cpu+compile``: the same, and at inference each step's gate epilogue runs as one loop that
   ``torch.compile`` generates (:mod:`torchelmo.epilogue`; it needs a C++ compiler, and the first
-  batch of a layer's shape in a process compiles: seconds, cached on disk across processes).
+  batch of a layer's shape in a process compiles: seconds, cached on disk across processes); in
+  bf16 training, each step's gates forward and backward as two such loops.
 * ``triton``: the fused Triton recurrence (:mod:`torchelmo.fused`), for CUDA (on a CPU it needs
   Triton's interpreter, ``TRITON_INTERPRET=1``: slow, for tests).
 * ``triton+graphs``: the same, and at inference each layer replays as a CUDA graph

@@ -84,9 +84,10 @@ class Recurrence(torch.autograd.Function):
     all positive, non-increasing."""
 
     @staticmethod
-    def forward(ctx, x, c0, h0, w_x, w_h, bias, w_p, runs, cell_clip, proj_clip, dtype):
+    def forward(ctx, x, c0, h0, w_x, w_h, bias, w_p, runs, cell_clip, proj_clip, dtype, compiled=None):
         # x (2, B, T, in), c0 (2, B, D), h0 (2, B, P), w_x (2, in, 4D), w_h (2, P, 4D),
-        # bias (2, 4D), w_p (2, D, P)
+        # bias (2, 4D), w_p (2, D, P). compiled: with bf16 operands, the step's elementwise work
+        # forward and backward as two compiled loops (torchelmo.epilogue.compiled_training).
         _, B, T, _ = x.shape
         D, P = w_p.shape[1], w_p.shape[2]
         mm = _Matmul(dtype)
@@ -111,14 +112,19 @@ class Recurrence(torch.autograd.Function):
             if dtype is None:
                 z = torch.baddbmm(xw[:, t, :n], h[:, :n], w_h)
             else:
-                z = torch.bmm(torch.cat([x16[:, t, :n], h[:, :n].to(dtype)], dim=-1), w_xh).float().add_(b)
-            z[..., D:2 * D].tanh_()
-            z[..., :D].sigmoid_()
-            z[..., 2 * D:].sigmoid_()                # f and o
-            gi, gj, gf, go = z.chunk(4, dim=-1)
-            cp = torch.addcmul(gf * c[:, :n], gi, gj)
-            _clip_into(c[:, :n], cp, cell_clip)
-            torch.mul(go, torch.tanh(c[:, :n]), out=q[:, t, :n])
+                z = torch.bmm(torch.cat([x16[:, t, :n], h[:, :n].to(dtype)], dim=-1), w_xh)
+            if compiled is not None:
+                z, cp, c[:, :n], q[:, t, :n] = compiled[0](z, b, c[:, :n], cell_clip, True)
+            else:
+                if dtype is not None:
+                    z = z.float().add_(b)
+                z[..., D:2 * D].tanh_()
+                z[..., :D].sigmoid_()
+                z[..., 2 * D:].sigmoid_()                # f and o
+                gi, gj, gf, go = z.chunk(4, dim=-1)
+                cp = torch.addcmul(gf * c[:, :n], gi, gj)
+                _clip_into(c[:, :n], cp, cell_clip)
+                torch.mul(go, torch.tanh(c[:, :n]), out=q[:, t, :n])
             hp = mm(q[:, t, :n], wp)
             _clip_into(h[:, :n], hp, proj_clip)
             out[:, t, :n] = h[:, :n]
@@ -127,7 +133,7 @@ class Recurrence(torch.autograd.Function):
             h_pre.append(hp)
         ctx.save_for_backward(xt, c0, h0, w_x, w_h, w_p, q, out)
         ctx.steps = gates, c_pre, h_pre
-        ctx.runs, ctx.clips, ctx.dtype = runs, (cell_clip, proj_clip), dtype
+        ctx.runs, ctx.clips, ctx.dtype, ctx.compiled = runs, (cell_clip, proj_clip), dtype, compiled
         return out.transpose(1, 2).contiguous(), c, h
 
     @staticmethod
@@ -152,6 +158,11 @@ class Recurrence(torch.autograd.Function):
             dhp[:, t, :n] = (dh[:, :n] + d_o[:, t, :n]) * _passes(h_pre[t], proj_clip)
             dq = mm(dhp[:, t, :n], w_pT)                                           # (2, n, D)
             cp = c_pre[t]
+            if ctx.compiled is not None:
+                c_prev = c0[:, :n] if t == 0 else _clip(c_pre[t - 1][:, :n], cell_clip)
+                dz[:, t, :n], dc[:, :n] = ctx.compiled[1](dq, gates[t], cp, c_prev, dc[:, :n], cell_clip, True)
+                dh[:, :n] = mm(dz[:, t, :n], w_hT)
+                continue
             tc = torch.tanh(_clip(cp, cell_clip))
             dcp = _tanh_grad(dq * go, tc).add_(dc[:, :n])
             if cell_clip is not None:
@@ -175,4 +186,4 @@ class Recurrence(torch.autograd.Function):
         dw_h = mm(h_prev.transpose(1, 2), dz) if need[4] else None
         dbias = dz.sum(dim=1).float() if need[5] else None   # a bf16 dz sums in fp32, rounds once
         dw_p = mm(q.view(2, T * B, D).transpose(1, 2), dhp.view(2, T * B, -1)) if need[6] else None
-        return dx, dc, dh, dw_x, dw_h, dbias, dw_p, None, None, None, None
+        return dx, dc, dh, dw_x, dw_h, dbias, dw_p, None, None, None, None, None

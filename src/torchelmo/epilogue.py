@@ -14,6 +14,11 @@ tanh by a rational approximation, exact to 4e-7 in fp32 (:func:`rational_tanh`),
 few multiply-adds and one division instead of an exp. On fp32 operands it keeps torch's own
 sigmoid and tanh: the eager path's numbers but for the order of the additions.
 
+Training on bf16 operands compiles a step's gates too, as two loops: :func:`train_step` (the
+gates, the cell state before and after its clip, the projection's input) and
+:func:`train_step_backward` (the gradient of the step's product, rounded once to bf16, and of the
+cell state), each one pass where the eager ops took a dozen.
+
 The compiler needs a C++ compiler at run time; where ``torch.compile`` cannot run, :func:`compiled`
 returns None and the caller keeps its eager ops (a compile that fails warns once).
 """
@@ -86,6 +91,58 @@ def step(z: torch.Tensor, z2: torch.Tensor | None, bias: torch.Tensor | None, c:
     return c, (sigmoid(o) * tanh(c)).to(z.dtype)
 
 
+def train_step(z: torch.Tensor, bias: torch.Tensor, c: torch.Tensor, cell_clip: float | None,
+               rational: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A training step's gates (what backpropagation keeps), unfused.
+
+    Parameters
+    ----------
+    z : ``(2, n, 4D)`` the step's bfloat16 product, gates ``[i, j, f, o]``.
+    bias : ``(2, 1, 4D)`` fp32, the forget gate's 1 folded in.
+    c : ``(2, n, D)`` fp32 cell state.
+
+    Returns
+    -------
+    The gates after their nonlinearities ``(2, n, 4D)``, the cell state before its clip and after
+    it, and ``sigmoid(o) * tanh(c)`` ``(2, n, D)``, all fp32.
+    """
+    sigmoid, tanh = (rational_sigmoid, rational_tanh) if rational else (torch.sigmoid, torch.tanh)
+    i, j, f, o = (z.float() + bias).chunk(4, dim=-1)
+    gi, gj, gf, go = sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
+    c_pre = gf * c + gi * gj
+    c_new = c_pre if cell_clip is None else c_pre.clamp(-cell_clip, cell_clip)
+    return torch.cat([gi, gj, gf, go], dim=-1), c_pre, c_new, go * tanh(c_new)
+
+
+def train_step_backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tensor, c_prev: torch.Tensor,
+                        dc: torch.Tensor, cell_clip: float | None, rational: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`train_step`'s gradients, unfused.
+
+    Parameters
+    ----------
+    dq : ``(2, n, D)`` the gradient of ``sigmoid(o) * tanh(c)``.
+    gates, c_pre : what :func:`train_step` returned for this step.
+    c_prev : ``(2, n, D)`` the cell state the step started from.
+    dc : ``(2, n, D)`` the gradient of the step's clipped cell state from the later steps.
+
+    Returns
+    -------
+    The gradient of the product ``z`` ``(2, n, 4D)`` in bfloat16 (rounded once: every matmul it
+    enters takes it so) and of ``c_prev`` ``(2, n, D)`` fp32.
+    """
+    tanh = rational_tanh if rational else torch.tanh
+    gi, gj, gf, go = gates.chunk(4, dim=-1)
+    inside = c_pre if cell_clip is None else c_pre.clamp(-cell_clip, cell_clip)
+    tc = tanh(inside)
+    dcp = dq * go * (1 - tc * tc) + dc
+    if cell_clip is not None:   # clamp's rule: the gradient passes inside and on the bound
+        dcp = dcp * (c_pre.abs() <= cell_clip)
+    dz = torch.cat([dcp * gj * gi * (1 - gi), dcp * gi * (1 - gj * gj), dcp * c_prev * gf * (1 - gf),
+                    dq * tc * go * (1 - go)], dim=-1)
+    return dz.to(torch.bfloat16), dcp * gf
+
+
 @functools.lru_cache(maxsize=1)
 def compiler_found() -> bool:
     """Whether the C++ compiler Inductor calls is on this machine (``$CXX``, else g++/c++/clang++);
@@ -101,10 +158,10 @@ class CompileWarning(UserWarning):
 _failed = False
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled_step():
+@functools.cache
+def _compile(fn):
     # Threads read at run time (omp_get_max_threads), so torch.set_num_threads holds after a compile.
-    return torch.compile(step, dynamic=False, options={"cpp.dynamic_threads": True})
+    return torch.compile(fn, dynamic=False, options={"cpp.dynamic_threads": True})
 
 
 def compiled():
@@ -115,24 +172,38 @@ def compiled():
     return _run_compiled
 
 
+def compiled_training():
+    """``(forward, backward)``: :func:`train_step` and :func:`train_step_backward` compiled, with
+    rational sigmoid and tanh (bf16 operands), or None where ``torch.compile`` cannot run here."""
+    if _failed or not compiler_found():
+        return None
+    return (functools.partial(_run, train_step), functools.partial(_run, train_step_backward))
+
+
 def _run_compiled(z, z2, bias, c, cell_clip, rational):
+    return _run(step, z, z2, bias, c, cell_clip, rational)
+
+
+def _run(fn, *args):
+    """``fn(*args)`` compiled; its last argument, ``rational``, holds only there."""
     global _failed
+    rows = next(a for a in args if isinstance(a, torch.Tensor) and a.dim() == 3).shape[1]
     # A layer that started compiled goes on eager after a failure, and one running row takes the
     # eager ops too (a dynamic size cannot be 1, and a graph for it would be another compile).
     # Eager means torch's own sigmoid and tanh: the rational ones are only fast fused.
-    if _failed or z.shape[1] < 2:
-        return step(z, z2, bias, c, cell_clip, False)
-    for t in (z, z2, c):
-        if t is not None:
+    if _failed or rows < 2:
+        return fn(*args[:-1], False)
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] == rows:
             torch._dynamo.mark_dynamic(t, 1)
     try:
         # A graph per layer shape, operand type and path: more than Dynamo's default 8 in a
         # process that runs several models; past the limit it raises instead of running eager.
         with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-            return _compiled_step()(z, z2, bias, c, cell_clip, rational)
+            return _compile(fn)(*args)
     except Exception as e:  # the compiler's errors have no common type
         _failed = True
         warnings.warn(f"torch.compile failed for the LSTM's gate epilogue ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}); eager ops run instead", CompileWarning,
-                      stacklevel=2)
-        return step(z, z2, bias, c, cell_clip, False)
+                      stacklevel=3)
+        return fn(*args[:-1], False)

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from .backend import resolve_backend
 from .bptt import Recurrence
-from .epilogue import compiled
+from .epilogue import compiled, compiled_training
 from .operands import bf16_cached, bf16_operands, bf16_training, note_training, padded_rows
 
 FORGET_BIAS = 1.0
@@ -105,7 +105,7 @@ def lstm_layer(
 def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=False):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
-        return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h)
+        return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused)
     ops = Operands.pick(x.device.type, layer.w_x.dtype, fused)
     if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
         return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
@@ -132,17 +132,19 @@ _BACKENDS = {"cpu": _run_cpu, "cpu+compile": _run_cpu_compile, "triton": _run_tr
              "triton+graphs": _run_triton_graphs}
 
 
-def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h):
+def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused=False):
     """:func:`lstm_layer` where gradients are needed: backpropagation through time written out
-    (:class:`~torchelmo.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.operands`)."""
+    (:class:`~torchelmo.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.operands`);
+    ``fused``: there, each step's gates forward and backward as compiled loops where they can be."""
     note_training()
     _, B, T, _ = x.shape
     runs = [n for n in _running_rows(lengths, T) if n > 0]
     if not runs:
         return x.new_zeros(2, B, T, layer.projection_dim), c0, h0
     dtype = torch.bfloat16 if bf16_training(x.device.type, x.dtype) else None
+    gates = compiled_training() if fused and dtype is not None else None
     return Recurrence.apply(x, c0, h0, layer.w_x, w_h, _folded_bias(layer), layer.w_p, runs,
-                            cell_clip, proj_clip, dtype)
+                            cell_clip, proj_clip, dtype, gates)
 
 
 # Inference (no autograd) paths, chosen by the width of the per-step matmul. Measured on CPU:
