@@ -104,12 +104,13 @@ def machine(threads: int | None) -> str:
 
 
 def code_version() -> str:
-    """The checkout's commit, ``+changes`` when tracked files differ from it: which code trained
-    a chunk (a change of rounding, say, shows in the record)."""
+    """The checkout's commit, ``+changes`` when its code or configs differ from it: which code
+    trained a chunk (a change of rounding, say, shows in the record)."""
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "src", "scripts", "configs", "pyproject.toml")
+    return commit + ("+changes" if changed else "")
 
 
 def checkpoint_progress(run: Path) -> dict:
