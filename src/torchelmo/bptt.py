@@ -150,11 +150,11 @@ class Recurrence(torch.autograd.Function):
         # dz is stored in the operand type: every matmul it enters (per step and over all steps)
         # takes it in that type, so it is rounded once.
         dz = _zero_padding(q.new_empty(2, T, B, 4 * D, dtype=ctx.dtype or q.dtype), ctx.runs)
-        dz32 = None if ctx.dtype is None else q.new_empty(2, B, 4 * D)   # a step's dz before rounding
+        # a step's dz before rounding (eager bf16 gates; compiled ones round as they write)
+        dz32 = None if ctx.dtype is None or ctx.compiled is not None else q.new_empty(2, B, 4 * D)
         dhp = _zero_padding(out.new_empty(out.shape), ctx.runs)      # gradient of the projection
         for t in reversed(range(len(ctx.runs))):
             n = ctx.runs[t]
-            gi, gj, gf, go = gates[t].chunk(4, dim=-1)
             dhp[:, t, :n] = (dh[:, :n] + d_o[:, t, :n]) * _passes(h_pre[t], proj_clip)
             dq = mm(dhp[:, t, :n], w_pT)                                           # (2, n, D)
             cp = c_pre[t]
@@ -163,6 +163,7 @@ class Recurrence(torch.autograd.Function):
                 dz[:, t, :n], dc[:, :n] = ctx.compiled[1](dq, gates[t], cp, c_prev, dc[:, :n], cell_clip, True)
                 dh[:, :n] = mm(dz[:, t, :n], w_hT)
                 continue
+            gi, gj, gf, go = gates[t].chunk(4, dim=-1)
             tc = torch.tanh(_clip(cp, cell_clip))
             dcp = _tanh_grad(dq * go, tc).add_(dc[:, :n])
             if cell_clip is not None:

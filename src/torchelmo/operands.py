@@ -13,6 +13,8 @@ tensors:
 
 Activations are cast per call. A product comes back in bfloat16 (the matmul accumulates in fp32
 and rounds its result); biases, gates, cell state, clips and every elementwise step stay fp32.
+The training loss of the full and adaptive softmaxes goes through :func:`linear` too; the rest
+(the sampled softmax, log-probabilities of the whole vocabulary) keeps the math mode.
 
 oneDNN compiles a kernel for each new shape of a bf16 product (about 4 ms each here) and keeps
 the latest 1024. The model's row counts (distinct tokens, a length group's windows, a cluster's
@@ -20,8 +22,6 @@ targets) change from batch to batch, so nearly every step compiled dozens of ker
 long-lived allocations, made among a step's temporaries, fragmented the heap so that it grew by
 tens of MB a step, every page faulted in afresh. :func:`mm` and :func:`linear` therefore pad the
 rows with zeros up to :func:`padded_rows`: a few sizes recur, at most 1/16 more work.
-The training loss of the full and adaptive softmaxes goes through :func:`linear` too; the rest
-(the sampled softmax, log-probabilities of the whole vocabulary) keeps the math mode.
 """
 
 from __future__ import annotations

@@ -198,8 +198,8 @@ def keep_heap() -> bool:
 
     A training step allocates the same large temporaries every step (the softmax's logits alone
     are tens of MB); mapped afresh, they faulted in again every step, up to a quarter of a bf16
-    training step here (side by side: 2-31% faster, run to run). From the heap they are reused, and in a loop of similar steps the heap
-    stays near one step's peak."""
+    training step here (side by side: 2-31% faster, run to run). From the heap they are reused,
+    and in a loop of similar steps the heap stays near one step's peak."""
     return _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1))
 
 
