@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -225,12 +226,18 @@ def probe(args) -> int:
         tokens = step * cfg["batch_size"] * cfg["unroll"]
         label = f"science-{tokens / 1e6:.0f}M"
     out = PROBES / label
+    # The static baseline's text is the biLM's own training text; the config names it by pattern.
+    corpus = sorted(os.path.relpath(f, ROOT) for pattern in cfg["train"] for f in glob.glob(str(ROOT / pattern)))
     cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", str(model), "--data",
-           os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out, ROOT), "--corpus", *cfg["train"]]
+           os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out, ROOT), "--corpus", *corpus]
     if args.tasks:
         cmd += ["--tasks", args.tasks]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.ner_seeds:
+        cmd += ["--ner-seeds", str(args.ner_seeds)]
+    if args.no_control:
+        cmd += ["--no-control"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "TOKENS").write_text(f"{tokens or 0}\n")
     sh(cmd, log=out / "probe.log")
@@ -255,6 +262,8 @@ def main() -> int:
     p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")
     p.add_argument("--tasks", help="a subset of elmo probe all's tasks")
     p.add_argument("--threads", type=int)
+    p.add_argument("--ner-seeds", type=int, help="taggers per input in the NER task (elmo probe's --ner-seeds)")
+    p.add_argument("--no-control", action="store_true", help="skip the random-weights control")
     p.set_defaults(func=probe)
     r = sub.add_parser("record", help="rewrite results/science/record.json from the run")
     r.set_defaults(func=lambda a: write_record(config()) or 0)

@@ -7,7 +7,8 @@ many tokens that model had read) order the runs of one model along its training.
 folder gets ``comparison.json`` (the headline numbers of every run, and the verdicts) and
 ``comparison.md``: per task, each model's per-layer scores with intervals and its mix weights; the
 paired E2 - E1 difference of every run; and what is shown and what is not, for the orderings the
-paper reports and the protocol expects (see ``docs/science.md``).
+paper reports and the protocol expects (see ``docs/science.md``). With matplotlib, ``gaps.png``
+draws every run's E2 - E1 per task, so a gap's movement along training shows at a glance.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ElmoError
 from ..fileio import atomic_path
-from .report import EXPECTED, PAPER, _inputs, _sections, _title, load_results, ordering, write_results
+from .report import EXPECTED, PAPER, _inputs, _sections, _title, load_results, ordering, plots_available, write_results
 
 
 def parse_run(spec: str) -> tuple[str, Path, int | None]:
@@ -75,7 +76,43 @@ def _pct(v, ci=None) -> str:
     return f"{100 * v:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
-def render(summary: dict) -> str:
+def gaps_plot(summary: dict, path: Path) -> bool:
+    """One panel per task with an expected ordering: each run's paired E2 - E1 (points) with its
+    interval, runs in the given order (a model's runs along its training), the expected side
+    shaded. False when no run has a paired difference."""
+    tasks = [t for t in summary["tasks"].values()
+             if t["expected"] and any(r["paired_E2_E1"] for r in t["runs"].values())]
+    if not tasks:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [r["label"] for r in summary["runs"]]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(2.2 + 2.2 * len(tasks), 3.2), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        xs, ys, err = [], [], [[], []]
+        for i, label in enumerate(labels):
+            p = t["runs"].get(label, {}).get("paired_E2_E1")
+            if p:
+                xs.append(i), ys.append(100 * p["diff"])
+                err[0].append(100 * (p["diff"] - p["ci"][0])), err[1].append(100 * (p["ci"][1] - p["diff"]))
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3)
+        ax.axhline(0, color="grey", lw=0.8)
+        lo, hi = ax.get_ylim()
+        expected_side = (0, hi) if t["expected"][0] == "E2" else (lo, 0)
+        ax.axhspan(*expected_side, color="tab:green", alpha=0.08)
+        ax.set_ylim(lo, hi)
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        ax.set_title(f"{t['title']}\nexpected {t['expected'][0]} > {t['expected'][1]}", fontsize=8)
+    axes[0][0].set_ylabel("E2 - E1, points (paired 95%)")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return True
+
+
+def render(summary: dict, figure: bool = False) -> str:
     labels = [r["label"] for r in summary["runs"]]
     lines = ["# Probing: the models side by side", "",
              "Each task's probes as `elmo probe` ran them (docs/probing.md; the protocol in docs/science.md), "
@@ -113,13 +150,16 @@ def render(summary: dict) -> str:
                   "An ordering is *shown* only when the paired interval of E2 - E1 excludes zero in the "
                   "expected direction; *not shown* when it includes zero, whatever the point estimates.", "",
                   *verdicts, ""]
+    if figure:
+        lines += ["![E2 - E1 per task and model; the expected side shaded](gaps.png)", ""]
     return "\n".join(lines) + "\n"
 
 
 def write(summary: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir / "comparison.json", summary)
+    figure = plots_available() and gaps_plot(summary, out_dir / "gaps.png")
     path = out_dir / "comparison.md"
     with atomic_path(path) as tmp:
-        tmp.write_text(render(summary))
+        tmp.write_text(render(summary, figure))
     return path
