@@ -331,7 +331,7 @@ def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
         assert len(res[task]["mix_weights"]) == 3
         assert {"E0", "E1", "E2", "mix"} <= set(res[task]["control_random"])
     report = (out / "report.md").read_text()
-    assert "## POS" in report and "## WSD" in report and "97.3" in report and "69.0" in report
+    assert "## UD POS" in report and "## WSD" in report and "97.3" in report and "69.0" in report
     d = res["pos"]["paired"]["E2-E1"]
     assert f"Paired bootstrap E2 - E1 (trained): {100 * d['diff']:+.2f}" in report
     assert "(random-weights control)" in report
@@ -391,7 +391,7 @@ def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):
                   mix=False, n_boot=20, log=lambda m: None)
     assert list(wsd["layers"]) == names
     report = render({"pos": summarize_pos(pos), "wsd": summarize_wsd(wsd)}, tmp_path / "out").read_text()
-    for head in ("## POS", "## WSD"):
+    for head in ("## UD POS", "## WSD"):
         section = report.split(head)[1].split("## ")[0]
         assert all(f"| {n} |" in section for n in names), section
     assert (tmp_path / "out" / "mix_weights.png").read_bytes()[:4] == b"\x89PNG"

@@ -27,7 +27,7 @@ PAPER["pos_wsj"] = PAPER["pos"]   # the paper's POS numbers are on WSJ
 EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "coref": ("E2", "E1")}
 METRIC = {"pos": "accuracy", "pos_wsj": "accuracy", "deps_uas": "UAS", "deps_labels": "label accuracy",
           "wsd": "F1 (ALL)", "coref": "pairwise F1", "ner": "entity F1"}
-TITLE = {"pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels",
+TITLE = {"pos": "UD POS", "pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels",
          "coref": "Coreference (LitBank)"}
 
 
