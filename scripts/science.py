@@ -4,6 +4,7 @@ its record kept whole in results/science/record.json.
     .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
     .venv/bin/python scripts/science.py record                  # rewrite the record from the run
     .venv/bin/python scripts/science.py probe step-003906       # every probe on a milestone (or: default)
+    .venv/bin/python scripts/science.py probe step-031248 --headline   # the final model, in results/probe
 
 The run lives outside the checkout (``../runs``, beside ``../shared``): a session's work tree is
 laid anew, the machine's other files are kept. Steps of ``train``:
@@ -212,8 +213,10 @@ def write_record(cfg: dict) -> None:
 
 
 def probe(args) -> int:
-    """``elmo probe all`` on a milestone of the run (or ``default``) into results/probe/LABEL, then
-    every run there side by side (``elmo probe compare``) into results/probe/comparison.md."""
+    """``elmo probe all`` on a milestone of the run (or ``default``) into results/probe/LABEL (with
+    ``--headline``: into results/probe itself, the final model's report), then every run there
+    side by side, ordered by training tokens (``elmo probe compare``), into
+    results/probe/comparison.md."""
     cfg = config()
     run = run_dir(cfg)
     if args.model == "default":
@@ -225,7 +228,11 @@ def probe(args) -> int:
         step = int(args.model.split("-")[-1])
         tokens = step * cfg["batch_size"] * cfg["unroll"]
         label = f"science-{tokens / 1e6:.0f}M"
-    out = PROBES / label
+    out = PROBES if args.headline else PROBES / label
+    owner = (out / "LABEL").read_text().strip() if (out / "LABEL").is_file() else None
+    if args.headline and (out / "results.json").is_file() and owner != label:
+        # results.json accumulates tasks: another model's would mix into this one's.
+        sys.exit(f"science.py: {out / 'results.json'} holds another model's probes; move it away first")
     # The static baseline's text is the biLM's own training text; the config names it by pattern.
     corpus = sorted(os.path.relpath(f, ROOT) for pattern in cfg["train"] for f in glob.glob(str(ROOT / pattern)))
     cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", str(model), "--data",
@@ -240,11 +247,15 @@ def probe(args) -> int:
         cmd += ["--no-control"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "TOKENS").write_text(f"{tokens or 0}\n")
+    (out / "LABEL").write_text(f"{label}\n")
     sh(cmd, log=out / "probe.log")
     runs = []
-    for d in sorted(p for p in PROBES.iterdir() if (p / "results.json").is_file()):
-        n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
-        runs.append(f"{d.name}@{n}={os.path.relpath(d, ROOT)}" if n else f"{d.name}={os.path.relpath(d, ROOT)}")
+    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir())]:
+        if (d / "results.json").is_file():
+            n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
+            name = (d / "LABEL").read_text().strip() if (d / "LABEL").is_file() else d.name
+            runs.append((n, name, os.path.relpath(d, ROOT)))
+    runs = [f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in sorted(runs)]
     sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare", *runs, "--out", os.path.relpath(PROBES, ROOT)])
     return 0
 
@@ -264,6 +275,8 @@ def main() -> int:
     p.add_argument("--threads", type=int)
     p.add_argument("--ner-seeds", type=int, help="taggers per input in the NER task (elmo probe's --ner-seeds)")
     p.add_argument("--no-control", action="store_true", help="skip the random-weights control")
+    p.add_argument("--headline", action="store_true",
+                   help="write into results/probe itself: the final model's report (results.json, report.md)")
     p.set_defaults(func=probe)
     r = sub.add_parser("record", help="rewrite results/science/record.json from the run")
     r.set_defaults(func=lambda a: write_record(config()) or 0)
