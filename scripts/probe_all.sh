@@ -28,7 +28,7 @@ RESULTS=${RESULTS:-results}
 OUT=$RESULTS/probe
 LOG=$RESULTS/probe.log
 mkdir -p "$OUT"
-rm -f "$OUT/results.json"   # a fresh run: results of an earlier model must not mix in
+rm -f "$OUT/results.json" "$OUT/LABEL" "$OUT/TOKENS"   # a fresh run: results of an earlier model must not mix in
 start=$(date +%s)
 "$PY" -m torchelmo.cli probe all --model "$MODEL" --data "$DATA" --out "$OUT" \
     --threads "${THREADS:-1}" --corpus "${CORPUS[@]}" ${PROBE_ARGS:-} | tee "$LOG"
