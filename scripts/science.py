@@ -175,10 +175,12 @@ def train(args) -> int:
         chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(chunk) + "\n")
-    if len(valid) > n_valid and best_step(run) == valid[-1]["step"]:
-        # best/ is the validated model only when that validation improved on every earlier one;
-        # otherwise the model at that step was not kept, and no milestone is named after it.
-        dest = run / "milestones" / f"step-{valid[-1]['step']:06d}"
+    # best/ holds the model of the chunk's best validation, if one improved on every earlier one
+    # (not always its last: the end of the budget validates again, two steps after the last
+    # scheduled validation); the models of the other validations were not kept.
+    kept = best_step(run)
+    if any(v["step"] == kept for v in valid[n_valid:]):
+        dest = run / "milestones" / f"step-{kept:06d}"
         if not dest.exists():
             shutil.copytree(run / "best", dest)
     write_record(cfg)
