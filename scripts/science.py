@@ -224,8 +224,8 @@ def probe(args) -> int:
     if args.model == "default":
         model, label, tokens = "default", "default", None
     else:
-        model = run / "milestones" / args.model
-        if not model.is_dir():
+        model = os.path.relpath(run / "milestones" / args.model, ROOT)   # the results name no machine's paths
+        if not (ROOT / model).is_dir():
             sys.exit(f"science.py: no milestone {args.model} in {run / 'milestones'}")
         step = int(args.model.split("-")[-1])
         tokens = step * cfg["batch_size"] * cfg["unroll"]
@@ -237,7 +237,7 @@ def probe(args) -> int:
         sys.exit(f"science.py: {out / 'results.json'} holds another model's probes; move it away first")
     # The static baseline's text is the biLM's own training text; the config names it by pattern.
     corpus = sorted(os.path.relpath(f, ROOT) for pattern in cfg["train"] for f in glob.glob(str(ROOT / pattern)))
-    cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", str(model), "--data",
+    cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", model, "--data",
            os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out, ROOT), "--corpus", *corpus]
     if args.tasks:
         cmd += ["--tasks", args.tasks]

@@ -454,6 +454,14 @@ def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(t
     assert "Paper's ordering E1 > E2 for POS: **no**: E2 beats E1" in report
     assert "Paper's ordering E2 > E1 for WSD: **yes**: E2 beats E1 (paired 95% interval of E2 - E1 " \
            "[+0.17, +1.67] points excludes zero)" in report
+    assert "random-weights control orders" not in report
+    # A control with the same ordering is named beside the claim; one without it is not.
+    res["pos"]["control_random"] = {"paired": {"E2-E1": {"diff": 0.006, "ci": [0.001, 0.011]}}}
+    res["wsd"]["control_random"] = {"paired": {"E2-E1 all": {"diff": -0.007, "ci": [-0.0105, -0.0034]}}}
+    report = render(res, tmp_path / "d").read_text()
+    assert "E2 beats E1 (paired 95% interval of E2 - E1 [+0.20, +1.60] points excludes zero). The " \
+           "random-weights control orders them the same way (E2 - E1 [+0.10, +1.10] points)." in report
+    assert report.count("random-weights control orders") == 1
     # Without a paired interval nothing is claimed either.
     del res["pos"]["paired"]
     report = render(res, tmp_path / "c").read_text()

@@ -154,8 +154,15 @@ def _ordering_line(task: str, s: dict) -> str | None:
         return (f"{head}: **not shown**: the difference between E1 and E2 is not significant "
                 f"({ci} includes zero).")
     loser = "E2" if winner == "E1" else "E1"
-    return (f"{head}: **{'yes' if winner == better else 'no'}**: {winner} beats {loser} "
+    line = (f"{head}: **{'yes' if winner == better else 'no'}**: {winner} beats {loser} "
             f"({ci} excludes zero).")
+    cp = s.get("control_random", {}).get("paired", {})
+    cr = cp.get("E2-E1", cp.get("E2-E1 all"))
+    if ordering("E1", "E2", cr) == winner:
+        # An ordering a random network has too is a property of the architecture, not of training.
+        line += (f" The random-weights control orders them the same way (E2 - E1 "
+                 f"[{100 * cr['ci'][0]:+.2f}, {100 * cr['ci'][1]:+.2f}] points).")
+    return line
 
 
 # -- plots ---------------------------------------------------------------------------------------
