@@ -17,7 +17,18 @@ from pathlib import Path
 
 from ..errors import ElmoError
 from ..fileio import atomic_path
-from .report import EXPECTED, PAPER, _inputs, _sections, _title, load_results, ordering, plots_available, write_results
+from .report import (
+    EXPECTED,
+    PAPER,
+    _inputs,
+    _sections,
+    _title,
+    load_results,
+    ordering,
+    paired_e2_e1,
+    plots_available,
+    write_results,
+)
 
 
 def parse_run(spec: str) -> tuple[str, Path, int | None]:
@@ -42,11 +53,6 @@ def expected_ordering(task: str) -> tuple[str, str] | None:
     return EXPECTED.get(task)
 
 
-def _pair(s: dict) -> dict | None:
-    paired = s.get("paired", {})
-    return paired.get("E2-E1", paired.get("E2-E1 all"))
-
-
 def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
     """Headline numbers and verdicts of every run, per task."""
     if len({label for label, _, _ in runs}) != len(runs):
@@ -57,7 +63,7 @@ def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
         for task, s in _sections(load_results(path / "results.json")):
             t = out["tasks"].setdefault(task, {"title": _title(task), "expected": expected_ordering(task),
                                                "runs": {}})
-            pair = _pair(s)
+            pair = paired_e2_e1(s)
             verdict = None
             if t["expected"] and pair is not None:
                 winner = ordering("E1", "E2", pair)
@@ -94,8 +100,10 @@ def gaps_plot(summary: dict, path: Path) -> bool:
         for i, label in enumerate(labels):
             p = t["runs"].get(label, {}).get("paired_E2_E1")
             if p:
-                xs.append(i), ys.append(100 * p["diff"])
-                err[0].append(100 * (p["diff"] - p["ci"][0])), err[1].append(100 * (p["ci"][1] - p["diff"]))
+                xs.append(i)
+                ys.append(100 * p["diff"])
+                err[0].append(100 * (p["diff"] - p["ci"][0]))
+                err[1].append(100 * (p["ci"][1] - p["diff"]))
         ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3)
         ax.axhline(0, color="grey", lw=0.8)
         lo, hi = ax.get_ylim()

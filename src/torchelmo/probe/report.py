@@ -133,6 +133,12 @@ def ordering(a: str, b: str, paired: dict | None) -> str | None:
     return b if lo > 0 else a if hi < 0 else None
 
 
+def paired_e2_e1(s: dict) -> dict | None:
+    """A task section's paired E2 - E1 (``{"diff", "ci"}``; WSD's on ALL, like its table)."""
+    paired = s.get("paired", {})
+    return paired.get("E2-E1", paired.get("E2-E1 all"))
+
+
 def _ordering_line(task: str, s: dict) -> str | None:
     """The verdict on the paper's (or the protocol's) E1/E2 ordering; None for a task without one."""
     if task in PAPER:
@@ -144,8 +150,7 @@ def _ordering_line(task: str, s: dict) -> str | None:
         head = f"Expected ordering {better} > {worse} for {_title(task)}"
     else:
         return None
-    paired = s.get("paired", {})
-    r = paired.get("E2-E1", paired.get("E2-E1 all"))  # WSD: on ALL, like the table
+    r = paired_e2_e1(s)
     if r is None:
         return f"{head}: **not tested** (no paired bootstrap interval of E2 - E1 in the results)."
     ci = f"paired 95% interval of E2 - E1 [{100 * r['ci'][0]:+.2f}, {100 * r['ci'][1]:+.2f}] points"
@@ -156,8 +161,7 @@ def _ordering_line(task: str, s: dict) -> str | None:
     loser = "E2" if winner == "E1" else "E1"
     line = (f"{head}: **{'yes' if winner == better else 'no'}**: {winner} beats {loser} "
             f"({ci} excludes zero).")
-    cp = s.get("control_random", {}).get("paired", {})
-    cr = cp.get("E2-E1", cp.get("E2-E1 all"))
+    cr = paired_e2_e1(s.get("control_random", {}))
     if ordering("E1", "E2", cr) == winner:
         # An ordering a random network has too is a property of the architecture, not of training.
         line += (f" The random-weights control orders them the same way (E2 - E1 "
