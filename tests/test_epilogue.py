@@ -27,6 +27,20 @@ def test_rational_tanh_and_sigmoid_against_float64():
     assert epilogue.rational_tanh(torch.tensor(float("nan"))).isnan()
 
 
+@pytest.mark.parametrize("clip", [3.0, None])
+def test_rational_step_against_float64(clip):
+    # the cell over common denominators (two divisions) against float64 sigmoid and tanh, with
+    # products far past the rational functions' range (|z| up to 60) and the fp32 state unclipped
+    torch.manual_seed(0)
+    z = torch.cat([torch.randn(2, 64, 4 * 32) * 4, torch.randn(2, 8, 4 * 32) * 30], dim=1)
+    bias, c = torch.randn(2, 1, 4 * 32), torch.randn(2, 72, 32) * 5
+    c_ref, out_ref = epilogue.step(z.double(), None, bias.double(), c.double(), clip, False)
+    c_new, out = epilogue.step(z, None, bias, c, clip, True)
+    assert c_new.isfinite().all() and out.isfinite().all()
+    assert (c_new.double() - c_ref).abs().max() < 2e-6 * max(1.0, float(c_ref.abs().max()))
+    assert (out.double() - out_ref).abs().max() < 1e-6
+
+
 def _layer(In, D, P, seed=0):
     torch.manual_seed(seed)
     layer = L.BiLstmLayer(In, D, P)
