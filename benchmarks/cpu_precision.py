@@ -231,7 +231,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="small,original,default")
     ap.add_argument("--tokens", type=int, default=6000, help="words embedded per setting (about)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-steps", type=int, default=8)
     ap.add_argument("--train-batch", default="64,128", help="rows per batch, comma-separated")
     ap.add_argument("--train-softmax", default="adaptive,full")
