@@ -12,8 +12,8 @@ matmul rates behind them, the machine's bf16 support, and the error of every lay
   is measured per layer against fp32 eager: max and mean absolute, and the mean relative to the
   layer's mean magnitude.
 * Training: the small preset on PTB (stream batches, ``--train-softmax``, ``--train-batch``), an
-  fp32 and a bf16 model with the same initial weights on the same batches (Adagrad), each in its
-  own process, the processes alternating.
+  fp32 and a bf16 model with the same initial weights on the same batches (``elmo train``'s
+  optimizer: fused Adagrad), each in its own process, the processes alternating.
 * Matmuls: the shapes of the small and original recurrences and a 2048^3 sgemm, fp32 and bf16.
 * Emulation: the embedding of the small shapes rerun in a child process with oneDNN capped at
   AVX512-BF16 without AMX, and at AVX-512 without bf16 (``ONEDNN_MAX_CPU_ISA``), as on CPUs that
@@ -44,7 +44,8 @@ from torchelmo.lm import LanguageModel
 from torchelmo.precision import cpu_bf16_support, resolve_precision, support_line
 from torchelmo.probe.conll import read_conllu
 from torchelmo.runtime import cpu_name, keep_heap
-from torchelmo.train import TRAIN_PRESETS
+from torchelmo.train import TRAIN_PRESETS, TrainConfig
+from torchelmo.train.trainer import make_optimizer
 from torchelmo.vocab import Vocabulary
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -166,7 +167,8 @@ def train_steps(precision: str, steps: int, batch: int, softmax: str) -> dict:
     lm = LanguageModel(TRAIN_PRESETS["small"](), vocab, softmax=softmax,
                        regularisation=Regularisation(dropout=0.1)).train()
     lm.bilm.precision = precision
-    opt = torch.optim.Adagrad(lm.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    # elmo train's optimizer (Adagrad, lr 0.2, accumulator 1.0, fused where PyTorch has the kernel)
+    opt = make_optimizer(TrainConfig(train=[str(PTB)], out_dir="", max_steps=steps + TRAIN_WARMUP), lm.parameters())
     batcher = StreamBatcher(Corpus([PTB], seed=0), vocab, batch, 20)
     state, times, losses = None, [], []
     for i in range(steps + TRAIN_WARMUP):
