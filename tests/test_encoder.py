@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchelmo import BiLM, ElmoConfig, batch_to_ids
-from torchelmo.encoder import plan_tokens
+from torchelmo.encoder import Highway, plan_tokens
 
 CFG = dict(lstm_dim=8, projection_dim=4, char_embed_dim=3, n_highway=1,
            filters=[[1, 3], [2, 3], [3, 4], [5, 4], [7, 5]])
@@ -54,3 +54,19 @@ def test_bilm_takes_host_ids_for_a_gpu_model():
         a, b = model(ids).layers, model(ids.cuda()).layers
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+
+
+def test_highway_in_place_without_autograd_equals_autograd():
+    # Without autograd the highway works in its product's memory; its numbers and its output
+    # type are those of the autograd path, also where autocast makes the product bf16.
+    torch.manual_seed(0)
+    hw, x = Highway(16), torch.randn(5, 16)
+    x0 = x.clone()
+    with torch.no_grad():
+        fast = hw(x)
+    assert torch.equal(fast, hw(x).detach()) and torch.equal(x, x0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            fast = hw(x)
+        slow = hw(x).detach()
+    assert fast.dtype == slow.dtype == torch.float32 and torch.equal(fast, slow)

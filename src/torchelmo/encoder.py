@@ -60,11 +60,12 @@ class Highway(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         transform, carry = linear(self.proj, x).split(self.dim, dim=-1)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or transform.dtype != x.dtype:
             g = torch.sigmoid(carry)
             return torch.addcmul(x, g, F.relu(transform) - x)   # g * relu(t) + (1 - g) * x, in fewer passes
         # Without autograd, in the product's own memory: each temporary of a batch's distinct
         # tokens is megabytes, and the passes over fresh ones cost about what the bf16 product does.
+        # (Not where autocast returns a lower-precision product: the sum stays in x's type.)
         t = transform.relu_().sub_(x)
         return torch.addcmul(x, carry.sigmoid_(), t, out=t)
 
