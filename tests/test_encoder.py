@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from torchelmo import BiLM, ElmoConfig, batch_to_ids
+from torchelmo import BiLM, ElmoConfig, batch_to_ids, compiled
+from torchelmo import encoder as E_
 from torchelmo.encoder import Highway, plan_tokens
 
 CFG = dict(lstm_dim=8, projection_dim=4, char_embed_dim=3, n_highway=1,
@@ -28,6 +29,83 @@ def test_char_cnn_fast_path_equals_reference():
         fast = enc._act(enc._conv_max(ids))
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
         assert ref.abs().max() > 1
+
+
+def _all_lengths_encoder(dtype=torch.float64):
+    torch.manual_seed(1)
+    enc = BiLM(ElmoConfig(**CFG)).encoder.to(dtype)
+    for p in enc.parameters():
+        torch.nn.init.normal_(p, std=0.7)
+    # every length 0 .. 50 (windows reaching the end), repeated characters (tied windows), the
+    # padding character itself, arbitrary ids, and an all-zero row
+    ids = batch_to_ids([["a", "ab", "hello", "aaaa", "北京", "😀", "<S>", "</S>"]
+                        + ["w" * n for n in range(40, 52)] + ["x" * n for n in range(1, 40)]]).view(-1, 50)
+    ids = torch.cat([ids, torch.randint(1, 262, (6, 50)), torch.full((1, 50), 261),
+                     torch.zeros(1, 50, dtype=torch.long)])
+    return enc, ids
+
+
+def _grads(enc, loss):
+    enc.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}
+
+
+def test_char_cnn_training_gradients_equal_the_reference():
+    """In training the char-CNN's max-pool has a written-out backward: its gradients, for every
+    parameter, equal autograd's through the plain char-CNN (float64), with the tokens in any order
+    and with a host plan's length groups."""
+    enc, ids = _all_lengths_encoder()
+    w = torch.randn(len(ids), enc.config.n_filters, dtype=torch.float64)
+    ref = _grads(enc, (enc.conv_reference(ids) * w).sum())
+    fast = _grads(enc, (enc._act(enc._conv_max(ids)) * w).sum())
+    plan = plan_tokens(ids)
+    planned = _grads(enc, (enc._act(enc._conv_max(plan.unique, plan.groups))[plan.inverse] * w).sum())
+    assert set(fast) == set(ref) == set(planned)
+    for name in ref:
+        torch.testing.assert_close(fast[name], ref[name], atol=1e-10, rtol=0, msg=name)
+        torch.testing.assert_close(planned[name], ref[name], atol=1e-10, rtol=0, msg=name)
+
+
+def test_char_cnn_training_on_bf16_operands():
+    """The written-out backward on bfloat16 operands (as ``--precision bf16`` trains on a CPU with
+    AMX): values and gradients within bf16's rounding of the float64 reference."""
+    enc, ids = _all_lengths_encoder(torch.float32)
+    enc64 = BiLM(ElmoConfig(**CFG)).encoder.double()
+    enc64.load_state_dict(enc.state_dict())
+    plan = plan_tokens(ids)
+    w = torch.randn(len(plan.unique), enc.config.n_filters)
+    ref_out = enc64.conv_reference(plan.unique)
+    ref = _grads(enc64, (ref_out * w.double()).sum())
+    E = enc.config.char_embed_dim
+    pad_emb = enc.char_embed.weight[enc.pad_id].view(1, E)
+    emb = torch.cat([enc.char_embed(plan.unique), pad_emb.expand(len(plan.unique), 6, E)], dim=1)
+    layout = E_._Layout(50, [1, 2, 3, 5, 7], torch.tensor([w_ for w_, n in CFG["filters"] for _ in range(n)]))
+    bias = torch.cat([conv.bias for conv in enc.convs])
+    out = E_._WindowMax.apply(emb, enc._stacked_filters(), bias, pad_emb.repeat(1, 7), plan.groups, layout,
+                              torch.bfloat16)
+    assert out.dtype == torch.float32
+    got = _grads(enc, (enc._act(out) * w).sum())
+    torch.testing.assert_close(enc._act(out).detach().double(), ref_out.detach(), atol=0.03 * ref_out.abs().max().item(), rtol=0)
+    for name in ref:
+        assert got[name].dtype == torch.float32
+        torch.testing.assert_close(got[name].double(), ref[name], atol=0.02 * ref[name].abs().max().item(), rtol=0,
+                                   msg=name)
+
+
+@pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_max_and_position_equal_torch_max(dtype):
+    # the first position of a tied maximum, as torch.max gives it; one token or one position eager
+    torch.manual_seed(0)
+    for count, n in [(7, 5), (3, 11), (1, 4), (6, 1)]:
+        y = torch.randn(count, n, 16).to(dtype)
+        if n > 3:
+            y[:, 3] = y[:, 1]
+        top, at = E_._max_at(y)
+        want = y.max(dim=1)
+        assert torch.equal(top, want.values) and torch.equal(at, want.indices)
+    assert not compiled._failed
 
 
 def test_host_token_plan_gives_the_same_embeddings():

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from torchelmo import backend as B
-from torchelmo import epilogue
+from torchelmo import compiled, epilogue
 from torchelmo import lstm as L
 from torchelmo.errors import ElmoError
 from torchelmo.precision import cpu_bf16_support, resolve_precision
 
-needs_compiler = pytest.mark.skipif(not epilogue.compiler_found(), reason="no C++ compiler for torch.compile")
+needs_compiler = pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 
 
 def test_rational_tanh_and_sigmoid_against_float64():
@@ -81,7 +81,7 @@ def test_compiled_epilogue_equals_eager(In, precision):
             torch.testing.assert_close(fused[1], eager[1], atol=2e-2, rtol=0)   # c: fp32 state
         # the row that never started keeps its initial state, as on the eager path
         assert fused[1][:, 4].equal(c0[:, 4]) and fused[2][:, 4].equal(eager[2][:, 4])
-    assert not epilogue._failed   # compiled throughout, one running row included
+    assert not compiled._failed   # compiled throughout, one running row included
 
 
 def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monkeypatch):
@@ -105,15 +105,15 @@ def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monke
 
 def test_compiler_found_follows_cxx(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    epilogue.compiler_found.cache_clear()        # looked up once per process
+    compiled.compiler_found.cache_clear()        # looked up once per process
     try:
-        assert not epilogue.compiler_found()
+        assert not compiled.compiler_found()
         monkeypatch.setenv("PATH", "")
         monkeypatch.delenv("CXX")
-        epilogue.compiler_found.cache_clear()
-        assert not epilogue.compiler_found()
+        compiled.compiler_found.cache_clear()
+        assert not compiled.compiler_found()
     finally:
-        epilogue.compiler_found.cache_clear()
+        compiled.compiler_found.cache_clear()
 
 
 def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
@@ -121,13 +121,13 @@ def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
         def fail(*a):
             raise RuntimeError("InductorError: CppCompileError: C++ compile error\nmore lines")
         return fail
-    monkeypatch.setattr(epilogue, "compiler_found", lambda: True)
-    monkeypatch.setattr(epilogue, "_compile", lambda fn: broken())
-    monkeypatch.setattr(epilogue, "_failed", False)
+    monkeypatch.setattr(compiled, "compiler_found", lambda: True)
+    monkeypatch.setattr(compiled, "_compile", lambda fn: broken())
+    monkeypatch.setattr(compiled, "_failed", False)
     layer = _layer(8, 16, 8)
     x, c0, h0 = torch.randn(2, 3, 4, 8), torch.zeros(2, 3, 16), torch.zeros(2, 3, 8)
     eager = _run(layer, "cpu", "fp32", [4, 3, 1], 3.0, x, c0, h0)
-    with pytest.warns(epilogue.CompileWarning, match="torch.compile failed .*RuntimeError: InductorError"):
+    with pytest.warns(compiled.CompileWarning, match="torch.compile failed .*RuntimeError: InductorError"):
         fused = _run(layer, "cpu+compile", "fp32", [4, 3, 1], 3.0, x, c0, h0)
     for a, b in zip(eager, fused):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
@@ -183,12 +183,12 @@ def test_a_failing_training_compile_warns_once_and_trains_eager(monkeypatch):
         def fail(*a):
             raise RuntimeError("InductorError: CppCompileError")
         return fail
-    monkeypatch.setattr(epilogue, "_compile", broken)
-    monkeypatch.setattr(epilogue, "_failed", False)
+    monkeypatch.setattr(compiled, "_compile", broken)
+    monkeypatch.setattr(compiled, "_failed", False)
     layer = _layer(24, 32, 16)
     x = torch.randn(2, 3, 5, 24, requires_grad=True)
     c0, h0 = torch.zeros(2, 3, 32), torch.zeros(2, 3, 16)
-    with pytest.warns(epilogue.CompileWarning, match="torch.compile failed"), \
+    with pytest.warns(compiled.CompileWarning, match="torch.compile failed"), \
             resolve_precision("bf16", "cpu").scope():
         out, _, _ = L.lstm_layer(layer, x, [5, 4, 3], c0, h0, 3.0, 2.5, precision="bf16", backend="cpu+compile")
     with warnings.catch_warnings():

@@ -18,7 +18,7 @@ from conftest import base_config
 from torchelmo import BiLM, batch_to_ids, preset
 from torchelmo import precision as precision_mod
 from torchelmo.cli import main
-from torchelmo.epilogue import compiler_found
+from torchelmo.compiled import compiler_found
 from torchelmo.lm import LanguageModel
 from torchelmo.lstm import BiLstmLayer, lstm_layer
 from torchelmo.operands import bf16_cache, linear, mm, padded_rows

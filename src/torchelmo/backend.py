@@ -24,7 +24,7 @@ import functools
 import importlib.util
 import os
 
-from .epilogue import compiler_found
+from .compiled import compiler_found
 from .errors import ElmoError
 from .precision import cpu_bf16_support
 

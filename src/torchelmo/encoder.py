@@ -10,8 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .chars import PAD_CHAR
+from .compiled import run
 from .config import ElmoConfig
-from .operands import bf16_cached, bf16_operands, bf16_training, linear, mm, note_training
+from .operands import bf16_cached, bf16_operands, bf16_training, linear, mm, note_training, padded_rows
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -45,6 +46,154 @@ def plan_tokens(char_ids: torch.Tensor) -> TokenPlan:
     return TokenPlan(torch.from_numpy(rows[first[order]]),
                      torch.from_numpy(rank[inverse.ravel()].reshape(shape)),
                      list(zip(runs.tolist(), counts.tolist())))
+
+
+class _Layout(NamedTuple):
+    """What a batch's windows depend on besides the tensors: ``C`` characters per token, the
+    filters' ``widths``, and ``width_of (F,)``, each filter's width."""
+
+    C: int
+    widths: list[int]
+    width_of: torch.Tensor
+
+
+def _first_max(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(count, n, F)`` -> the maximum over ``n`` and its first position, both ``(count, F)``:
+    ``torch.max(y, dim=1)``'s numbers, as a maximum and a minimum over ``n`` that a compiled loop
+    vectorises across ``F``. (NaN has no position: it gets the last.)"""
+    n = y.shape[1]
+    top = y.amax(dim=1, keepdim=True)
+    pos = torch.arange(n, device=y.device).view(1, n, 1)
+    return top.squeeze(1), torch.where(y == top, pos, n - 1).amin(dim=1)
+
+
+def _max_at(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_first_max` compiled; eager, ``torch.max`` (whose kernel for a middle axis is ten
+    times slower than this loop, and the eager form of this loop slower again)."""
+    return run(_first_max, (y,), lambda: tuple(y.max(dim=1)), [(y, 0), (y, 1)], "the char-CNN's max-pool")
+
+
+def _positions(groups: list[tuple[int, int]], layout: _Layout) -> list[int]:
+    """The window positions computed for each group: those that touch a real character (one
+    for an empty token), and none that starts past the narrowest filter's last."""
+    return [max(1, min(L, layout.C - min(layout.widths) + 1)) for L, _ in groups]
+
+
+def _window_max(emb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad_win: torch.Tensor,
+                groups: list[tuple[int, int]], layout: _Layout, keep: bool = False):
+    """The char-CNN's max over window positions, for tokens sorted by length.
+
+    Parameters
+    ----------
+    emb : ``(N, C + w_max - 1, E)`` the tokens' character embeddings, extended with padding.
+    weight : ``(w_max * E, F)`` the filters stacked; ``emb``, ``weight`` and ``pad_win`` in the
+        operand type.
+    bias : ``(F,)``.
+    pad_win : ``(1, w_max * E)`` an all-padding window.
+    groups : the ``(length, count)`` runs of the rows.
+    keep : also return what :class:`_WindowMax` needs for the gradients.
+
+    Returns
+    -------
+    ``(N, F)`` in ``bias``'s type; with ``keep``: every computed window ``(R, w_max * E)`` (rows
+    padded to :func:`padded_rows`, zero there), the winning position of each group's tokens
+    ``(count, F)``, and where the all-padding window won ``(N, F)``.
+    """
+    N, _, E = emb.shape
+    C, widths, width_of = layout
+    w_max, F_total = max(widths), weight.shape[1]
+    if weight.dtype == bias.dtype:
+        pad_value = torch.addmm(bias, pad_win, weight)[0]
+    else:   # bf16 operands: the product rounded to bf16, as every window's below
+        pad_value = torch.mm(pad_win, weight)[0] + bias
+    n_pos = _positions(groups, layout)
+    if keep:
+        wins = emb.new_zeros(padded_rows(sum(n * count for n, (_, count) in zip(n_pos, groups))), w_max * E)
+        winners, pad_won = [], torch.empty(N, F_total, dtype=torch.bool, device=emb.device)
+    out = bias.new_empty(N, F_total)
+    start = row = 0
+    for (L, count), n in zip(groups, n_pos):
+        stop = start + count
+        win = emb[start:stop, : n + w_max - 1].unfold(1, w_max, 1).transpose(2, 3)  # (count, n, w_max, E)
+        if keep:
+            win = wins[row:row + count * n].view_as(win).copy_(win)
+            row += count * n
+        y = mm(win.reshape(-1, w_max * E), weight).view(count, n, F_total)
+        # Width w has windows at starts 0 .. C - w only.
+        valid = torch.arange(n, device=emb.device).unsqueeze(1) <= (C - width_of)
+        if not bool(valid.all()):
+            y = y.masked_fill(~valid, float("-inf"))
+        # The bias is the same at every position: max(y + b) = max(y) + b (rounding is
+        # monotone), added after the max, on (count, F) instead of (count, n, F).
+        if keep:
+            top, at = _max_at(y)
+            winners.append(at)
+        else:
+            top = y.amax(dim=1)
+        m = top + bias
+        # All-padding windows exist for width w iff the token leaves room for one: L + w <= C.
+        has_pad = (L + width_of) <= C
+        if keep:
+            won = pad_won[start:stop]
+            torch.logical_and(has_pad, pad_value > m, out=won)
+            torch.where(won, pad_value, m, out=out[start:stop])
+        else:
+            out[start:stop] = torch.where(has_pad, torch.maximum(m, pad_value), m)
+        start = stop
+    if keep:
+        return out, wins, winners, pad_won
+    return (out,)
+
+
+class _WindowMax(torch.autograd.Function):
+    """:func:`_window_max` with its backward written out, for training on the CPU.
+
+    Through autograd, each length group's max-pool backward built masks over all its windows'
+    products, and each group's write into the output copied the whole output's gradient again:
+    about a fifth of a bf16 training step. Here the forward keeps only each maximum's position;
+    the backward scatters the gradient to those windows and multiplies once over all groups.
+    ``dtype``: the operand type of the products (the parameters stay in their own)."""
+
+    @staticmethod
+    def forward(ctx, emb, weight, bias, pad_win, groups, layout, dtype):
+        # emb (N, C + w_max - 1, E), weight (w_max * E, F), bias (F,), pad_win (1, w_max * E)
+        w = weight.to(dtype)
+        out, wins, winners, pad_won = _window_max(emb.to(dtype), w, bias, pad_win.to(dtype), groups, layout, keep=True)
+        ctx.save_for_backward(wins, w, pad_win.to(dtype), pad_won)
+        ctx.winners, ctx.groups, ctx.layout, ctx.shape = winners, groups, layout, emb.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # g (N, F): the gradient of the maxima
+        wins, w, pad_win, pad_won = ctx.saved_tensors
+        N, Cx, E = ctx.shape
+        w_max, F_total = w.shape[0] // E, w.shape[1]
+        acc = g.dtype                                              # the parameters' type
+        g_pad = torch.where(pad_won, g, 0).sum(0)                 # (F,) reaching the all-padding window
+        g_win = g.masked_fill(pad_won, 0).to(w.dtype)
+        # The product's gradient: each token's and filter's one winning window.
+        dy = wins.new_zeros(wins.shape[0], F_total)                # (R, F)
+        start = row = 0
+        for (_, count), n, at in zip(ctx.groups, _positions(ctx.groups, ctx.layout), ctx.winners):
+            dy[row:row + count * n].view(count, n, F_total).scatter_(1, at.unsqueeze(1), g_win[start:start + count].unsqueeze(1))
+            start, row = start + count, row + count * n
+        need = ctx.needs_input_grad
+        d_emb = d_weight = d_pad = None
+        if need[0]:
+            d_wins = mm(dy, w.t()).to(acc)                          # (R, w_max * E)
+            d_emb = torch.zeros(N, Cx, E, dtype=acc, device=g.device)
+            start = row = 0
+            for (_, count), n in zip(ctx.groups, _positions(ctx.groups, ctx.layout)):
+                d = d_wins[row:row + count * n].view(count, n, w_max, E).transpose(2, 3)  # (count, n, E, w_max)
+                d_emb[start:start + count, : n + w_max - 1] += torch.ops.aten.unfold_backward(
+                    d, [count, n + w_max - 1, E], 1, w_max, 1)
+                start, row = start + count, row + count * n
+        if need[1]:   # the windows' part, and the all-padding window's
+            d_weight = mm(wins.t(), dy).to(acc).addr_(pad_win[0].to(acc), g_pad)
+        if need[3]:
+            d_pad = (w.to(acc) @ g_pad).unsqueeze(0)                # (1, w_max * E)
+        return d_emb, d_weight, g.sum(0) if need[2] else None, d_pad, None, None, None
 
 
 class Highway(nn.Module):
@@ -119,23 +268,16 @@ class CharCNNEncoder(nn.Module):
         * only windows that touch a real character: a token is its characters followed by
           padding, and every all-padding window of a width has the same value, computed once.
           Tokens are grouped by length so each group computes just its own positions.
+
+        In CPU training the backward pass is written out (:class:`_WindowMax`).
         """
         N, C = ids.shape
-        F_total = self.config.n_filters
         widths = [conv.kernel_size[0] for conv in self.convs]
         w_max, E = max(widths), self.config.char_embed_dim
         pad_id = ids.new_full((), self.pad_id)
-        weight = self._filters(ids.device.type)                         # (w_max * E, F)
         bias = torch.cat([conv.bias for conv in self.convs])
-        width_of = torch.tensor([w for w, n in zip(widths, self.config.filters) for _ in range(n[1])],
-                                device=ids.device)
-        # Value of an all-padding window, per filter.
-        pad_emb = self.char_embed(pad_id.view(1)).to(weight.dtype)      # (1, E)
-        if weight.dtype == bias.dtype:
-            pad_value = torch.addmm(bias, pad_emb.repeat(1, w_max), weight)[0]
-        else:   # bf16 operands: the product rounded to bf16, as every window's below
-            pad_value = torch.mm(pad_emb.repeat(1, w_max), weight)[0] + bias
-
+        layout = _Layout(C, widths, torch.tensor([w for w, n in zip(widths, self.config.filters) for _ in range(n[1])],
+                                                 device=ids.device))
         order = None
         if groups is None:
             # Length = one past the last non-padding character.
@@ -145,53 +287,43 @@ class CharCNNEncoder(nn.Module):
             ids = ids[order]
             bounds = torch.unique_consecutive(lengths[order], return_counts=True)
             groups = list(zip(bounds[0].tolist(), bounds[1].tolist()))
-        emb = self.char_embed(ids).to(weight.dtype)                     # (N, C, E)
+        pad_emb = self.char_embed(pad_id.view(1))                        # (1, E)
         # Extend past the end so every start position has a full w_max window; windows that
-        # reach past C are invalid for the wider filters and masked below.
-        emb = torch.cat([emb, pad_emb.expand(N, w_max - 1, E)], dim=1)
-        out = bias.new_empty(N, F_total)
-        start = 0
-        for L, count in groups:
-            stop = start + count
-            n_pos = max(1, min(L, C - min(widths) + 1))
-            win = emb[start:stop, : n_pos + w_max - 1].unfold(1, w_max, 1)  # (n, n_pos, E, w_max)
-            win = win.transpose(2, 3).reshape(-1, w_max * E)
-            y = mm(win, weight).view(count, n_pos, F_total)
-            # Width w has windows at starts 0 .. C - w only.
-            valid = torch.arange(n_pos, device=ids.device).unsqueeze(1) <= (C - width_of)
-            if not bool(valid.all()):
-                y = y.masked_fill(~valid, float("-inf"))
-            # The bias is the same at every position: max(y + b) = max(y) + b (rounding is
-            # monotone), added after the max, on (count, F) instead of (count, n_pos, F).
-            m = y.amax(dim=1) + bias
-            # All-padding windows exist for width w iff the token leaves room for one: L + w <= C.
-            has_pad = (L + width_of) <= C
-            out[start:stop] = torch.where(has_pad, torch.maximum(m, pad_value), m)
-            start = stop
+        # reach past C are invalid for the wider filters and masked.
+        emb = torch.cat([self.char_embed(ids), pad_emb.expand(N, w_max - 1, E)], dim=1)  # (N, C + w_max - 1, E)
+        pad_win = pad_emb.repeat(1, w_max)                               # (1, w_max * E): an all-padding window
+        if torch.is_grad_enabled() and ids.device.type == "cpu":
+            if self.char_embed.weight.requires_grad:
+                note_training()
+            dtype = torch.bfloat16 if bf16_training("cpu", bias.dtype) else bias.dtype
+            out = _WindowMax.apply(emb, self._stacked_filters(), bias, pad_win, groups, layout, dtype)
+        else:
+            weight = self._filters(ids.device.type)                      # (w_max * E, F)
+            out = _window_max(emb.to(weight.dtype), weight, bias, pad_win.to(weight.dtype), groups, layout)[0]
         if order is None:
             return out
         result = torch.empty_like(out)
         result[order] = out
         return result
 
-    def _filters(self, device_type: str) -> torch.Tensor:
+    def _stacked_filters(self) -> torch.Tensor:
         """Every width's filters stacked ``(w_max * E, F)``: row k * E + e holds offset k, channel
-        e; zeros past a filter's width. In the operand type (:mod:`torchelmo.operands`)."""
+        e; zeros past a filter's width."""
         widths = [conv.kernel_size[0] for conv in self.convs]
-        w_max, E = max(widths), self.config.char_embed_dim
+        w_max = max(widths)
+        weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
+        return weight.permute(2, 1, 0).reshape(w_max * self.config.char_embed_dim, self.config.n_filters)
 
-        def stacked() -> torch.Tensor:
-            weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
-            return weight.permute(2, 1, 0).reshape(w_max * E, self.config.n_filters)
-
+    def _filters(self, device_type: str) -> torch.Tensor:
+        """:meth:`_stacked_filters` in the operand type (:mod:`torchelmo.operands`)."""
         dtype = self.char_embed.weight.dtype
         if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
             note_training()
         if bf16_operands(device_type, dtype):
-            return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), stacked)
+            return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), self._stacked_filters)
         if bf16_training(device_type, dtype):
-            return stacked().to(torch.bfloat16)
-        return stacked()
+            return self._stacked_filters().to(torch.bfloat16)
+        return self._stacked_filters()
 
     def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None) -> torch.Tensor:
         """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros.

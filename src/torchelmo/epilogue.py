@@ -21,18 +21,17 @@ gates, the cell state before and after its clip, the projection's input) and
 :func:`train_step_backward` (the gradient of the step's product, rounded once to bf16, and of the
 cell state), each one pass where the eager ops took a dozen.
 
-The compiler needs a C++ compiler at run time; where ``torch.compile`` cannot run, :func:`compiled`
-returns None and the caller keeps its eager ops (a compile that fails warns once).
+Where ``torch.compile`` cannot run (:mod:`torchelmo.compiled`), :func:`compiled` returns None and
+the caller keeps its eager ops.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import shutil
-import warnings
 
 import torch
+
+from .compiled import run, usable
 
 # tanh(x) = x P(x^2) / Q(x^2) on [-9, 9] (beyond it tanh is 1 to fp32's precision), P of degree
 # 6 and Q of degree 3 in x^2, fitted here by weighted least squares on 40,000 points with Lawson's
@@ -168,41 +167,16 @@ def train_step_backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tens
     return dz.to(torch.bfloat16), dcp * gf
 
 
-@functools.lru_cache(maxsize=1)
-def compiler_found() -> bool:
-    """Whether the C++ compiler Inductor calls is on this machine (``$CXX``, else g++/c++/clang++);
-    looked up once, not on every layer call."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
-    return any(shutil.which(name) for name in names)
-
-
-class CompileWarning(UserWarning):
-    """``torch.compile`` failed; the eager ops run instead."""
-
-
-_failed = False
-
-
-@functools.cache
-def _compile(fn):
-    # Threads read at run time (omp_get_max_threads), so torch.set_num_threads holds after a compile.
-    return torch.compile(fn, dynamic=False, options={"cpp.dynamic_threads": True})
-
-
 def compiled():
     """:func:`step` compiled (``torch.compile``; the running rows' axis dynamic, so one compile
     serves every batch of a layer's shape), or None where it cannot run here."""
-    if _failed or not compiler_found():
-        return None
-    return _run_compiled
+    return _run_compiled if usable() else None
 
 
 def compiled_training():
     """``(forward, backward)``: :func:`train_step` and :func:`train_step_backward` compiled, with
     rational sigmoid and tanh (bf16 operands), or None where ``torch.compile`` cannot run here."""
-    if _failed or not compiler_found():
-        return None
-    return (functools.partial(_run, train_step), functools.partial(_run, train_step_backward))
+    return (functools.partial(_run, train_step), functools.partial(_run, train_step_backward)) if usable() else None
 
 
 def _run_compiled(z, z2, bias, c, cell_clip, rational):
@@ -210,25 +184,8 @@ def _run_compiled(z, z2, bias, c, cell_clip, rational):
 
 
 def _run(fn, *args):
-    """``fn(*args)`` compiled; its last argument, ``rational``, holds only there."""
-    global _failed
+    """``fn(*args)`` compiled, the running rows dynamic; its last argument, ``rational``, holds
+    only there: eager means torch's own sigmoid and tanh (the rational ones are only fast fused)."""
     rows = next(a for a in args if isinstance(a, torch.Tensor) and a.dim() == 3).shape[1]
-    # A layer that started compiled goes on eager after a failure, and one running row takes the
-    # eager ops too (a dynamic size cannot be 1, and a graph for it would be another compile).
-    # Eager means torch's own sigmoid and tanh: the rational ones are only fast fused.
-    if _failed or rows < 2:
-        return fn(*args[:-1], False)
-    for t in args:
-        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] == rows:
-            torch._dynamo.mark_dynamic(t, 1)
-    try:
-        # A graph per layer shape, operand type and path: more than Dynamo's default 8 in a
-        # process that runs several models; past the limit it raises instead of running eager.
-        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-            return _compile(fn)(*args)
-    except Exception as e:  # the compiler's errors have no common type
-        _failed = True
-        warnings.warn(f"torch.compile failed for the LSTM's gate epilogue ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}); eager ops run instead", CompileWarning,
-                      stacklevel=3)
-        return fn(*args[:-1], False)
+    dynamic = [(t, 1) for t in args if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] == rows]
+    return run(fn, args, lambda: fn(*args[:-1], False), dynamic, "the LSTM's gate epilogue")

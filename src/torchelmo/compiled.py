@@ -1,0 +1,67 @@
+"""Loops fused by ``torch.compile`` (Inductor's C++ code on the CPU), each with eager twin ops.
+
+Inductor needs a C++ compiler at run time: where none is found (:func:`compiler_found`), callers
+keep their eager ops, and a compile that fails warns once (:class:`CompileWarning`), after which
+every such loop in the process runs eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_found() -> bool:
+    """Whether the C++ compiler Inductor calls is on this machine (``$CXX``, else g++/c++/clang++);
+    looked up once, not on every call."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return any(shutil.which(name) for name in names)
+
+
+class CompileWarning(UserWarning):
+    """``torch.compile`` failed; the eager ops run instead."""
+
+
+_failed = False
+
+
+def usable() -> bool:
+    """Whether compiled loops run here: a compiler is found and no compile has failed."""
+    return not _failed and compiler_found()
+
+
+@functools.cache
+def _compile(fn):
+    # Threads read at run time (omp_get_max_threads), so torch.set_num_threads holds after a compile.
+    return torch.compile(fn, dynamic=False, options={"cpp.dynamic_threads": True})
+
+
+def run(fn: Callable, args: tuple, eager: Callable[[], Any], dynamic: Sequence[tuple[torch.Tensor, int]],
+        what: str) -> Any:
+    """``fn(*args)`` compiled, the ``(tensor, dim)`` sizes in ``dynamic`` left free so that one
+    graph serves them all; ``eager()`` where compiled loops cannot run, where one of those sizes
+    is below 2 (a dynamic size cannot be 1, and a graph for it would be another compile), and
+    after a compile failed (``what`` names the loop in the warning)."""
+    global _failed
+    if not usable() or any(t.shape[d] < 2 for t, d in dynamic):
+        return eager()
+    for t, d in dynamic:
+        torch._dynamo.mark_dynamic(t, d)
+    try:
+        # A graph per shape, operand type and path: more than Dynamo's default 8 in a process
+        # that runs several models; past the limit it raises instead of running eager.
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            return _compile(fn)(*args)
+    except Exception as e:  # the compiler's errors have no common type
+        _failed = True
+        warnings.warn(f"torch.compile failed for {what} ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); eager ops run instead", CompileWarning,
+                      stacklevel=3)
+        return eager()
