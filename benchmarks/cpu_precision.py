@@ -231,12 +231,13 @@ def emulated(tokens: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--models", default="small,original,default")
+    ap.add_argument("--models", default="small,original,default", help="comma-separated; empty: no embedding")
     ap.add_argument("--tokens", type=int, default=6000, help="words embedded per setting (about)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-steps", type=int, default=8)
     ap.add_argument("--train-batch", default="64,128", help="rows per batch, comma-separated")
     ap.add_argument("--train-softmax", default="adaptive,full")
+    ap.add_argument("--train-rounds", type=int, default=2, help="processes per precision and setting")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--no-emulate", action="store_true")
     ap.add_argument("--no-matmuls", action="store_true")
@@ -252,7 +253,7 @@ def main() -> None:
     report = {"machine": machine(), "threads": {}}
     if not args.json_stdout:
         print(report["machine"]["support_line"], flush=True)
-    batches = sample_batches(args.tokens)
+    batches = sample_batches(args.tokens) if args.models else []
     for n in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(n)
         if not args.json_stdout:
@@ -263,9 +264,10 @@ def main() -> None:
             for name, m in r["matmuls"].items():
                 print(f"  matmul {name:22s} fp32 {m['fp32_gflops']:6.0f} GFLOP/s  bf16 {m['bf16_gflops']:6.0f}"
                       f"  x{m['ratio']:.2f}", flush=True)
-        r["embedding"] = embedding(args.models.split(","), batches, args.repeats)
+        if args.models:
+            r["embedding"] = embedding(args.models.split(","), batches, args.repeats)
         if not args.no_train:
-            r["training"] = [training(args.train_steps, b, s, n) for s in args.train_softmax.split(",")
+            r["training"] = [training(args.train_steps, b, s, n, args.train_rounds) for s in args.train_softmax.split(",")
                              for b in (int(x) for x in args.train_batch.split(","))]
     if not args.no_emulate:
         torch.set_num_threads(1)
