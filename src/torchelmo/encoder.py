@@ -168,6 +168,7 @@ class _WindowMax(torch.autograd.Function):
         # g (N, F): the gradient of the maxima
         wins, w, pad_win, pad_won = ctx.saved_tensors
         N, Cx, E = ctx.shape
+        n_pos = _positions(ctx.groups, ctx.layout)
         w_max, F_total = w.shape[0] // E, w.shape[1]
         acc = g.dtype                                              # the parameters' type
         g_pad = torch.where(pad_won, g, 0).sum(0)                 # (F,) reaching the all-padding window
@@ -175,7 +176,7 @@ class _WindowMax(torch.autograd.Function):
         # The product's gradient: each token's and filter's one winning window.
         dy = wins.new_zeros(wins.shape[0], F_total)                # (R, F)
         start = row = 0
-        for (_, count), n, at in zip(ctx.groups, _positions(ctx.groups, ctx.layout), ctx.winners):
+        for (_, count), n, at in zip(ctx.groups, n_pos, ctx.winners):
             dy[row:row + count * n].view(count, n, F_total).scatter_(1, at.unsqueeze(1), g_win[start:start + count].unsqueeze(1))
             start, row = start + count, row + count * n
         need = ctx.needs_input_grad
@@ -184,7 +185,7 @@ class _WindowMax(torch.autograd.Function):
             d_wins = mm(dy, w.t()).to(acc)                          # (R, w_max * E)
             d_emb = torch.zeros(N, Cx, E, dtype=acc, device=g.device)
             start = row = 0
-            for (_, count), n in zip(ctx.groups, _positions(ctx.groups, ctx.layout)):
+            for (_, count), n in zip(ctx.groups, n_pos):
                 d = d_wins[row:row + count * n].view(count, n, w_max, E).transpose(2, 3)  # (count, n, E, w_max)
                 d_emb[start:start + count, : n + w_max - 1] += torch.ops.aten.unfold_backward(
                     d, [count, n + w_max - 1, E], 1, w_max, 1)
@@ -292,9 +293,9 @@ class CharCNNEncoder(nn.Module):
         # reach past C are invalid for the wider filters and masked.
         emb = torch.cat([self.char_embed(ids), pad_emb.expand(N, w_max - 1, E)], dim=1)  # (N, C + w_max - 1, E)
         pad_win = pad_emb.repeat(1, w_max)                               # (1, w_max * E): an all-padding window
+        if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
+            note_training()
         if torch.is_grad_enabled() and ids.device.type == "cpu":
-            if self.char_embed.weight.requires_grad:
-                note_training()
             dtype = torch.bfloat16 if bf16_training("cpu", bias.dtype) else bias.dtype
             out = _WindowMax.apply(emb, self._stacked_filters(), bias, pad_win, groups, layout, dtype)
         else:
@@ -315,14 +316,10 @@ class CharCNNEncoder(nn.Module):
         return weight.permute(2, 1, 0).reshape(w_max * self.config.char_embed_dim, self.config.n_filters)
 
     def _filters(self, device_type: str) -> torch.Tensor:
-        """:meth:`_stacked_filters` in the operand type (:mod:`torchelmo.operands`)."""
-        dtype = self.char_embed.weight.dtype
-        if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
-            note_training()
-        if bf16_operands(device_type, dtype):
+        """:meth:`_stacked_filters` outside CPU training, in the operand type (:mod:`torchelmo.operands`:
+        at inference on bf16 operands, cast once and cached)."""
+        if bf16_operands(device_type, self.char_embed.weight.dtype):
             return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), self._stacked_filters)
-        if bf16_training(device_type, dtype):
-            return self._stacked_filters().to(torch.bfloat16)
         return self._stacked_filters()
 
     def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None) -> torch.Tensor:
