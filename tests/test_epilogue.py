@@ -154,6 +154,32 @@ def test_training_step_backward_is_the_gradient_of_the_step(clip):
     torch.testing.assert_close(dc_prev, c.grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("clip", [3.0, None])
+def test_training_steps_write_into_views_of_the_buffers(clip):
+    # The _into forms store what the pure functions return into strided views (a step of a
+    # time-major buffer, the running rows of the state), and touch nothing else.
+    torch.manual_seed(0)
+    T, B, n, D = 3, 6, 4, 8
+    z, bias = 2 * torch.randn(2, n, 4 * D), torch.randn(2, 1, 4 * D)
+    c = 2 * torch.randn(2, B, D)
+    q = torch.zeros(2, T, B, D, dtype=torch.bfloat16)
+    gates, c_pre, c_new, q_new = epilogue.train_step(z, bias, c[:, :n].clone(), clip, False)
+    c_rest = c[:, n:].clone()
+    g2, cp2 = epilogue.train_step_into(z, bias, c[:, :n], q[:, 1, :n], clip, False)
+    assert torch.equal(g2, gates) and torch.equal(cp2, c_pre) and torch.equal(c[:, :n], c_new)
+    assert torch.equal(q[:, 1, :n], q_new.to(torch.bfloat16)) and torch.equal(c[:, n:], c_rest)
+    assert not q[:, [0, 2]].any() and not q[:, 1, n:].any()
+
+    dq, dc = torch.randn(2, n, D), torch.randn(2, B, D)
+    c_prev = torch.randn(2, n, D)
+    dz_ref, dc_ref = epilogue.train_step_backward(dq, gates, c_pre, c_prev, dc[:, :n].clone(), clip, False)
+    dz = torch.zeros(2, T, B, 4 * D, dtype=torch.bfloat16)
+    dc_rest = dc[:, n:].clone()
+    epilogue.train_step_backward_into(dq, gates, c_pre, c_prev, dc[:, :n], dz[:, 2, :n], clip, False)
+    assert torch.equal(dz[:, 2, :n], dz_ref) and torch.equal(dc[:, :n], dc_ref) and torch.equal(dc[:, n:], dc_rest)
+    assert not dz[:, :2].any() and not dz[:, 2, n:].any()
+
+
 @needs_compiler
 @pytest.mark.skipif(cpu_bf16_support() != "amx", reason="bf16 training multiplies bf16 tensors only with AMX")
 def test_compiled_training_gates_follow_the_eager_ones():

@@ -104,8 +104,9 @@ class Recurrence(torch.autograd.Function):
         gates: list[torch.Tensor] = []              # i, j, f, o after their nonlinearities
         c_pre: list[torch.Tensor] = []              # cell state before its clip
         h_pre: list[torch.Tensor] = []              # projection before its clip
-        # q and out feed matmuls over all steps: buffers, zero where no row runs.
-        q = _zero_padding(x.new_empty(2, T, B, D), runs)            # o * tanh(c)
+        # q and out feed matmuls over all steps: buffers, zero where no row runs. q only ever
+        # enters matmuls, so it is stored in the operand type.
+        q = _zero_padding(x.new_empty(2, T, B, D, dtype=dtype or x.dtype), runs)   # o * tanh(c)
         out = _zero_padding(x.new_empty(2, T, B, P), runs)
         c, h = c0.clone(), h0.clone()
         for t, n in enumerate(runs):
@@ -114,7 +115,7 @@ class Recurrence(torch.autograd.Function):
             else:
                 z = torch.bmm(torch.cat([x16[:, t, :n], h[:, :n].to(dtype)], dim=-1), w_xh)
             if compiled is not None:
-                z, cp, c[:, :n], q[:, t, :n] = compiled[0](z, b, c[:, :n], cell_clip, True)
+                z, cp = compiled[0](z, b, c[:, :n], q[:, t, :n], cell_clip, True)
             else:
                 if dtype is not None:
                     z = z.float().add_(b)
@@ -160,7 +161,7 @@ class Recurrence(torch.autograd.Function):
             cp = c_pre[t]
             if ctx.compiled is not None:
                 c_prev = c0[:, :n] if t == 0 else _clip(c_pre[t - 1][:, :n], cell_clip)
-                dz[:, t, :n], dc[:, :n] = ctx.compiled[1](dq, gates[t], cp, c_prev, dc[:, :n], cell_clip, True)
+                ctx.compiled[1](dq, gates[t], cp, c_prev, dc[:, :n], dz[:, t, :n], cell_clip, True)
                 dh[:, :n] = mm(dz[:, t, :n], w_hT)
                 continue
             gi, gj, gf, go = gates[t].chunk(4, dim=-1)

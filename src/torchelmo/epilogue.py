@@ -19,7 +19,8 @@ the additions.
 Training on bf16 operands compiles a step's gates too, as two loops: :func:`train_step` (the
 gates, the cell state before and after its clip, the projection's input) and
 :func:`train_step_backward` (the gradient of the step's product, rounded once to bf16, and of the
-cell state), each one pass where the eager ops took a dozen.
+cell state), each one pass where the eager ops took a dozen, storing straight into the
+recurrence's buffers (:func:`train_step_into`, :func:`train_step_backward_into`).
 
 Where ``torch.compile`` cannot run (:mod:`torchelmo.compiled`), :func:`compiled` returns None and
 the caller keeps its eager ops.
@@ -167,6 +168,28 @@ def train_step_backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tens
     return dz.to(torch.bfloat16), dcp * gf
 
 
+def train_step_into(z: torch.Tensor, bias: torch.Tensor, c: torch.Tensor, q: torch.Tensor,
+                    cell_clip: float | None, rational: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`train_step` writing into the recurrence's buffers: ``c`` ``(2, n, D)`` becomes the
+    clipped cell state, ``q`` ``(2, n, D)`` (a view of the buffer of all steps, in the operand type)
+    receives ``sigmoid(o) * tanh(c)``. Returns the gates and the cell state before its clip.
+    Compiled, the writes are the fused loop's own stores, not copies after it."""
+    gates, c_pre, c_new, q_new = train_step(z, bias, c, cell_clip, rational)
+    c.copy_(c_new)
+    q.copy_(q_new)
+    return gates, c_pre
+
+
+def train_step_backward_into(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tensor, c_prev: torch.Tensor,
+                             dc: torch.Tensor, dz: torch.Tensor, cell_clip: float | None, rational: bool) -> None:
+    """:func:`train_step_backward` writing into the recurrence's buffers: ``dz`` ``(2, n, 4D)``
+    bfloat16 (a view of the buffer of all steps) receives the product's gradient, and ``dc``
+    ``(2, n, D)`` turns from the clipped cell state's gradient into ``c_prev``'s."""
+    dz_new, dc_prev = train_step_backward(dq, gates, c_pre, c_prev, dc, cell_clip, rational)
+    dz.copy_(dz_new)
+    dc.copy_(dc_prev)
+
+
 def compiled():
     """:func:`step` compiled (``torch.compile``; the running rows' axis dynamic, so one compile
     serves every batch of a layer's shape), or None where it cannot run here."""
@@ -174,9 +197,11 @@ def compiled():
 
 
 def compiled_training():
-    """``(forward, backward)``: :func:`train_step` and :func:`train_step_backward` compiled, with
-    rational sigmoid and tanh (bf16 operands), or None where ``torch.compile`` cannot run here."""
-    return (functools.partial(_run, train_step), functools.partial(_run, train_step_backward)) if usable() else None
+    """``(forward, backward)``: :func:`train_step_into` and :func:`train_step_backward_into`
+    compiled, with rational sigmoid and tanh (bf16 operands), or None where ``torch.compile``
+    cannot run here."""
+    return (functools.partial(_run, train_step_into),
+            functools.partial(_run, train_step_backward_into)) if usable() else None
 
 
 def _run_compiled(z, z2, bias, c, cell_clip, rational):
