@@ -19,7 +19,11 @@ in bf16, rounded once. Gates, cell state, clips and their gradients are fp32 thr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+from .compiled import settings as compiled_settings
 
 
 class _Matmul:
@@ -139,6 +143,12 @@ class Recurrence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_c, d_h):
+        # the compiled loops' settings once for all steps (the forward ran inside the caller's)
+        with compiled_settings() if ctx.compiled is not None else contextlib.nullcontext():
+            return Recurrence._backward(ctx, d_out, d_c, d_h)
+
+    @staticmethod
+    def _backward(ctx, d_out, d_c, d_h):
         xt, c0, h0, w_x, w_h, w_p, q, out = ctx.saved_tensors
         gates, c_pre, h_pre = ctx.steps
         cell_clip, proj_clip = ctx.clips

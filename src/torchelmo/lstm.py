@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from .backend import resolve_backend
 from .bptt import Recurrence
+from .compiled import settings as compiled_settings
 from .epilogue import compiled, compiled_training
 from .operands import bf16_cached, bf16_operands, bf16_training, note_training, padded_rows
 
@@ -125,7 +126,8 @@ def _run_triton_graphs(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, pre
 
 
 def _run_cpu_compile(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision):
-    return _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=True)
+    with compiled_settings():   # once for the layer's steps, not per compiled call
+        return _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=True)
 
 
 _BACKENDS = {"cpu": _run_cpu, "cpu+compile": _run_cpu_compile, "triton": _run_triton,
