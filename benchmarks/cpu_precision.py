@@ -8,12 +8,15 @@ matmul rates behind them, the machine's bf16 support, and the error of every lay
   layers as float32 numpy (``torchelmo.embed.embed_batch``), the published small and original
   shapes with random weights and the embedded default model. fp32 and bf16, each with the eager
   (``cpu``) and the compiled gate epilogue (``cpu+compile``, what ``auto`` runs for bf16), alternate
-  on the same batches (best of ``--repeats`` each) after a warm-up batch that compiles; the error
+  on the same batches (best of ``--repeats`` each, and per repeat the paired ratio of fp32's time
+  to bf16's: on a shared host the spread of those says more than one best) after a warm-up batch
+  that compiles; the error
   is measured per layer against fp32 eager: max and mean absolute, and the mean relative to the
   layer's mean magnitude.
 * Training: the small preset on PTB (stream batches, ``--train-softmax``, ``--train-batch``), an
   fp32 and a bf16 model with the same initial weights on the same batches (``elmo train``'s
-  optimizer: fused Adagrad), each in its own process, the processes alternating.
+  optimizer: fused Adagrad), each in its own process, the processes alternating (best round each,
+  and per round the paired ratio).
 * Matmuls: the shapes of the small and original recurrences and a 2048^3 sgemm, fp32 and bf16.
 * Emulation: the embedding of the small shapes rerun in a child process with oneDNN capped at
   AVX512-BF16 without AMX, and at AVX-512 without bf16 (``ONEDNN_MAX_CPU_ISA``), as on CPUs that
@@ -115,6 +118,11 @@ def layer_errors(ref: list[np.ndarray], got: list[np.ndarray]) -> list[dict]:
 SETTINGS = (("fp32", "cpu"), ("fp32", "cpu+compile"), ("bf16", "cpu"), ("bf16", "cpu+compile"))
 
 
+def spread(ratios: list[float]) -> str:
+    """Paired ratios as ``median [min-max]``."""
+    return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
 def embedding(models: list[str], batches, repeats: int) -> list[dict]:
     rows = []
     n_tok = sum(len(s) for b in batches for s in b)
@@ -127,19 +135,22 @@ def embedding(models: list[str], batches, repeats: int) -> list[dict]:
             t = time.perf_counter()
             embed_batch(model, batches[0][:4], "all", None)
             first[f"{p}_{b}"] = time.perf_counter() - t
-        best, outs = dict.fromkeys(SETTINGS, float("inf")), {}
+        auto = resolve_backend("auto", "cpu", 1, 1, model.config.lstm_dim, "bf16")   # what bf16 runs by default
+        best, outs, paired = dict.fromkeys(SETTINGS, float("inf")), {}, []
         for _ in range(repeats):
+            took = {}
             for s in SETTINGS:
                 model.precision, model.backend = s
-                dt, out = embed_all(model, batches)
-                best[s], outs[s] = min(best[s], dt), out
+                took[s], outs[s] = embed_all(model, batches)
+                best[s] = min(best[s], took[s])
+            paired.append(took[("fp32", "cpu")] / took[("bf16", auto)])
         rate = {f"{p}_{b}": n_tok / best[(p, b)] for p, b in SETTINGS}
-        auto = resolve_backend("auto", "cpu", 1, 1, model.config.lstm_dim, "bf16")   # what bf16 runs by default
         row = {"model": name, "tokens": n_tok, "batches": len(batches), "tokens_per_s": rate,
                "first_batch_seconds": first,   # 4 sentences, compile included (cold or from the disk cache)
                "bf16_auto_backend": auto,
                "fp32_tokens_per_s": rate["fp32_cpu"], "bf16_tokens_per_s": rate[f"bf16_{auto}"],
                "speedup": rate[f"bf16_{auto}"] / rate["fp32_cpu"],
+               "paired_speedups": paired,   # per repeat: fp32's time over bf16's, measured moments apart
                "speedup_over_fp32_compiled": rate["bf16_cpu+compile"] / rate["fp32_cpu+compile"],
                "fp32_compiled_over_eager": rate["fp32_cpu+compile"] / rate["fp32_cpu"],
                "bf16_compiled_over_eager": rate["bf16_cpu+compile"] / rate["bf16_cpu"],
@@ -150,7 +161,8 @@ def embedding(models: list[str], batches, repeats: int) -> list[dict]:
         worst = max(e["mean_relative"] for e in row["errors"])
         print(f"  embed {name:8s} fp32 {rate['fp32_cpu']:8,.0f} tok/s (compiled epilogue {rate['fp32_cpu+compile']:8,.0f})"
               f"  bf16 {rate['bf16_cpu']:8,.0f} (compiled epilogue {rate['bf16_cpu+compile']:8,.0f})"
-              f"  x{row['speedup']:.2f}  worst layer mean rel. error {worst:.2%}", flush=True)
+              f"  x{row['speedup']:.2f} (per repeat {spread(paired)})  worst layer mean rel. error {worst:.2%}",
+              flush=True)
     return rows
 
 
@@ -191,7 +203,8 @@ def train_steps(precision: str, steps: int, batch: int, softmax: str) -> dict:
 def training(steps: int, batch: int, softmax: str, threads: int, rounds: int = 2) -> dict:
     """fp32 and bf16 from the same initial weights on the same batches, each model in its own
     process (one process alternating both measured fp32 far below its own speed), the processes
-    alternating; each precision's median step of its best round."""
+    alternating; each precision's median step of its best round, and per round the ratio of the
+    two processes' median steps."""
     runs: dict[str, list[dict]] = {"fp32": [], "bf16": []}
     for _ in range(rounds):
         for p in runs:
@@ -201,12 +214,15 @@ def training(steps: int, batch: int, softmax: str, threads: int, rounds: int = 2
             runs[p].append(json.loads(res.stdout.splitlines()[-1]))
     tok = batch * 20
     rate = {p: max(tok / statistics.median(r["step_seconds"]) for r in rs) for p, rs in runs.items()}
+    paired = [statistics.median(f["step_seconds"]) / statistics.median(b["step_seconds"])
+              for f, b in zip(runs["fp32"], runs["bf16"])]
     out = {"preset": "small", "softmax": softmax, "batch": f"{batch}x20", "steps_untimed": TRAIN_WARMUP, "steps_timed": steps,
            "processes_per_precision": rounds, "fp32_tokens_per_s": rate["fp32"], "bf16_tokens_per_s": rate["bf16"],
            "final_loss": {p: rs[0]["losses"][-1] for p, rs in runs.items()}}
     out["speedup"] = out["bf16_tokens_per_s"] / out["fp32_tokens_per_s"]
+    out["paired_speedups"] = paired   # per round: the fp32 process's median step over the bf16 one's that followed
     print(f"  train small/{softmax} {batch}x20 fp32 {out['fp32_tokens_per_s']:7,.0f} tok/s  bf16 "
-          f"{out['bf16_tokens_per_s']:7,.0f}  x{out['speedup']:.2f}", flush=True)
+          f"{out['bf16_tokens_per_s']:7,.0f}  x{out['speedup']:.2f} (per round {spread(paired)})", flush=True)
     return out
 
 
