@@ -154,6 +154,25 @@ def test_training_step_backward_is_the_gradient_of_the_step(clip):
     torch.testing.assert_close(dc_prev, c.grad, rtol=1e-12, atol=1e-12)
 
 
+@needs_compiler
+def test_compiled_settings_nest_and_give_dynamo_config_back(monkeypatch):
+    # Entered once around a layer's loop, the settings hold for the compiled calls inside (which
+    # then enter nothing themselves) and give back the caller's config at the end.
+    config = torch._dynamo.config
+    monkeypatch.setattr(compiled, "_failed", False)
+    with config.patch(recompile_limit=5, fail_on_recompile_limit_hit=False):
+        with compiled.settings():
+            assert compiled._in_settings()
+            with compiled.settings():
+                y = torch.randn(6, 5, 3)
+                v, i = compiled.run(lambda t: tuple(t.max(dim=1)), (y,), lambda: tuple(y.max(dim=1)),
+                                    [(y, 0)], "a test loop")
+            assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == (64, True)
+        assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == (5, False)
+        assert not compiled._in_settings()
+    assert torch.equal(v, y.max(dim=1).values) and torch.equal(i, y.max(dim=1).indices)
+
+
 @pytest.mark.parametrize("clip", [3.0, None])
 def test_training_steps_write_into_views_of_the_buffers(clip):
     # The _into forms store what the pure functions return into strided views (a step of a

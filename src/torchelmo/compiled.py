@@ -7,6 +7,7 @@ every such loop in the process runs eager.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -42,10 +43,12 @@ def usable() -> bool:
 _SETTINGS = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
 
 
-def settings():
+def settings() -> contextlib.AbstractContextManager:
     """Dynamo's settings for these loops, as a context manager: entered once around a loop of many
-    compiled calls, it spares each call entering them (about 30 us, against a few-hundred-us loop)."""
-    return torch._dynamo.config.patch(**_SETTINGS)
+    compiled calls, it spares each call entering them (about 30 us, against a few-hundred-us loop).
+    Dynamo's configuration is per thread (context variables), like this scope. Nothing to set where
+    compiled loops cannot run."""
+    return torch._dynamo.config.patch(**_SETTINGS) if usable() else contextlib.nullcontext()
 
 
 def _in_settings() -> bool:
