@@ -23,8 +23,10 @@ class GuardedH5:
         self.file = None
 
     def __enter__(self) -> GuardedH5:
-        import h5py
+        # h5py's import too: a signal inside an extension's initialisation can leave it half
+        # loaded, or make the interpreter exit by SIGINT whatever status the command returns.
         with self.interrupts.critical():
+            import h5py
             self.file = h5py.File(self.writer, "w")
         self.check()
         return self
