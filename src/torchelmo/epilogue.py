@@ -45,10 +45,18 @@ TANH_LIMIT = 9.0
 
 
 def _poly(coefficients: tuple[float, ...], s: torch.Tensor) -> torch.Tensor:
-    out = coefficients[-1] * s + coefficients[-2]
-    for a in coefficients[-3::-1]:
-        out = out * s + a
-    return out
+    """``sum_k coefficients[k] * s^k`` by Estrin's scheme: pairs ``a + b s``, then pairs of those
+    with ``s^2``, ``s^4``: a chain of about log2 of the degree dependent steps instead of Horner's
+    one per degree, which the fused loop's multiply-adds otherwise wait on."""
+    terms: list = [a + b * s for a, b in zip(coefficients[::2], coefficients[1::2])]
+    if len(coefficients) % 2:
+        terms.append(coefficients[-1])      # a number, only ever the last term: paired as ``hi``
+    power = s * s
+    while len(terms) > 1:
+        paired = [lo + hi * power for lo, hi in zip(terms[::2], terms[1::2])]
+        terms = paired + terms[len(paired) * 2:]
+        power = power * power
+    return terms[0]
 
 
 def _tanh_ratio(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
