@@ -1,5 +1,7 @@
 """The char-CNN token encoder's fast path against its plain reference."""
 
+import functools
+
 import pytest
 import torch
 
@@ -148,3 +150,44 @@ def test_highway_in_place_without_autograd_equals_autograd():
             fast = hw(x)
         slow = hw(x).detach()
     assert fast.dtype == slow.dtype == torch.float32 and torch.equal(fast, slow)
+
+
+@pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
+def test_compiled_max_pool_at_bf16_inference_equals_the_eager_one(monkeypatch):
+    # At inference on bf16 operands each length group's max-pool (max over positions, bias, the
+    # all-padding window) is one compiled loop: the same numbers as the eager ops, for every length.
+    enc, ids = _all_lengths_encoder(torch.float32)
+    plan = plan_tokens(ids)
+    E = enc.config.char_embed_dim
+    pad_emb = enc.char_embed.weight[enc.pad_id].view(1, E)
+    with torch.no_grad():
+        emb = torch.cat([enc.char_embed(plan.unique), pad_emb.expand(len(plan.unique), 6, E)], dim=1)
+        layout = E_._Layout(50, [1, 2, 3, 5, 7], torch.tensor([w for w, n in CFG["filters"] for _ in range(n)]))
+        bias = torch.cat([conv.bias for conv in enc.convs])
+        args = (emb.bfloat16(), enc._stacked_filters().bfloat16(), bias, pad_emb.repeat(1, 7).bfloat16(),
+                plan.groups, layout)
+        fused = E_._window_max(*args)[0]
+        assert not compiled._failed
+        monkeypatch.setattr(E_, "usable", lambda: False)
+        eager = E_._window_max(*args)[0]
+    assert fused.dtype == torch.float32 and torch.equal(fused, eager)
+
+
+@pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
+def test_compiled_highway_equals_the_eager_one():
+    # The highway's compiled loop from the bf16 product (bias, relu, sigmoid, mix) against the same
+    # arithmetic eager, and against the module's fp32 output to bf16 accuracy; one row runs eager.
+    torch.manual_seed(0)
+    hw = Highway(64)
+    for rows in (37, 1):
+        x = torch.randn(rows, 64)
+        p = torch.randn(rows, 128).bfloat16()
+        eager = functools.partial(E_._highway_mix, p, hw.proj.bias, x)
+        got = compiled.run(E_._highway_mix, (p, hw.proj.bias, x), eager, [(p, 0), (x, 0)], "test")
+        torch.testing.assert_close(got, eager(), rtol=0, atol=1e-6)
+        with torch.no_grad():
+            p = (x.bfloat16() @ hw.proj.weight.bfloat16().t())
+            got = compiled.run(E_._highway_mix, (p, hw.proj.bias, x),
+                               functools.partial(E_._highway_mix, p, hw.proj.bias, x), [(p, 0), (x, 0)], "test")
+            torch.testing.assert_close(got, hw(x), rtol=0, atol=0.02)
+    assert not compiled._failed

@@ -115,6 +115,16 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, layer.weight, layer.bias)`` (an ``nn.Linear``, or any module with those two
     attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so (the
     bias added in fp32)."""
+    y = product(layer, x)
+    if y.dtype == x.dtype:
+        return y
+    y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
+    return y if layer.bias is None else y.add_(layer.bias)
+
+
+def product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """:func:`linear` before its bias where the operands are bf16: ``x W^T`` ``(..., out)`` in
+    bfloat16, for a fused loop to add the bias to; elsewhere all of ``F.linear``, in ``x``'s type."""
     if torch.is_grad_enabled() and layer.weight.requires_grad:
         note_training()
     if bf16_operands(x.device.type, x.dtype):
@@ -124,6 +134,4 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     else:
         return F.linear(x, layer.weight, layer.bias)
     rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)                # (M, in)
-    y = F.linear(_pad_rows(rows), w)[: rows.shape[0]].view(*x.shape[:-1], -1)
-    y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
-    return y if layer.bias is None else y.add_(layer.bias)
+    return F.linear(_pad_rows(rows), w)[: rows.shape[0]].view(*x.shape[:-1], -1)
