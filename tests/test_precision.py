@@ -380,3 +380,20 @@ def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
     compiled = [line for line in out.splitlines() if "create:cache_miss" in line and ",matmul," in line]
     assert compiled and len(compiled) <= 2, compiled
+
+
+def test_linear_adds_its_bias_once_on_every_path():
+    # fp32, under autocast (what bf16 does where the operands are not bf16 tensors: the bias comes
+    # with F.linear's own product) and on bf16 operands (the bias added after, in fp32).
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(32, 24), torch.randn(5, 32)
+    layer.bias.data += 10.0   # a bias added twice, or not at all, is far outside bf16's rounding
+    want = x @ layer.weight.t() + layer.bias
+    torch.testing.assert_close(linear(layer, x), want)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = linear(layer, x)
+    assert (got.float() - want).abs().max() < 0.1
+    if NATIVE:
+        with torch.no_grad(), Precision("bf16", "cpu").scope():
+            got = linear(layer, x)
+        assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1

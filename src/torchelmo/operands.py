@@ -115,23 +115,30 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, layer.weight, layer.bias)`` (an ``nn.Linear``, or any module with those two
     attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so (the
     bias added in fp32)."""
-    y = product(layer, x)
-    if y.dtype == x.dtype:
-        return y
-    y = y.float()   # then add in place: a mixed-type add would cast into a fresh temporary first
+    w = _bf16_weight(layer, x)
+    if w is None:
+        return F.linear(x, layer.weight, layer.bias)
+    y = _times(x, w).float()   # then add in place: a mixed-type add would cast into a fresh temporary first
     return y if layer.bias is None else y.add_(layer.bias)
 
 
-def product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """:func:`linear` before its bias where the operands are bf16: ``x W^T`` ``(..., out)`` in
-    bfloat16, for a fused loop to add the bias to; elsewhere all of ``F.linear``, in ``x``'s type."""
+def product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """:func:`linear` before its bias, ``x W^T`` ``(..., out)`` in bfloat16 (for a fused loop to
+    add the bias to), where the operands are bf16; None where they are not."""
+    w = _bf16_weight(layer, x)
+    return None if w is None else _times(x, w)
+
+
+def _bf16_weight(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     if torch.is_grad_enabled() and layer.weight.requires_grad:
         note_training()
     if bf16_operands(x.device.type, x.dtype):
-        w = bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
-    elif bf16_training(x.device.type, x.dtype):
-        w = layer.weight.to(torch.bfloat16)
-    else:
-        return F.linear(x, layer.weight, layer.bias)
+        return bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
+    if bf16_training(x.device.type, x.dtype):
+        return layer.weight.to(torch.bfloat16)
+    return None
+
+
+def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)                # (M, in)
     return F.linear(_pad_rows(rows), w)[: rows.shape[0]].view(*x.shape[:-1], -1)
