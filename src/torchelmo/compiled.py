@@ -58,7 +58,7 @@ def _in_settings() -> bool:
 
 # Threads read at run time (omp_get_max_threads), so torch.set_num_threads holds after a compile.
 # Multiply-adds contracted to FMA instructions (Inductor's default keeps them apart): the gate
-# loops are mostly polynomials, and contracted they take about a quarter less time.
+# loops are mostly polynomials (benchmarks/cpu_loops.py measures the difference).
 _OPTIONS = {"cpp.dynamic_threads": True, "cpp.enable_floating_point_contract_flag": "fast"}
 
 

@@ -118,8 +118,8 @@ def _window_max(emb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad
     else:   # bf16 operands: the product rounded to bf16, as every window's below
         pad_value = torch.mm(pad_win, weight)[0] + bias
     n_pos = _positions(groups, layout)
-    # Inference on bf16 operands: each group's max-pool is one compiled loop (a third of the time
-    # of torch's maximum over the middle axis and the small ops after it).
+    # Inference on bf16 operands: each group's max-pool is one compiled loop, in place of torch's
+    # maximum over the middle axis (slow for that axis) and the small ops after it.
     pooled = not keep and weight.dtype == torch.bfloat16 and emb.device.type == "cpu" and usable()
     if keep:
         wins = emb.new_zeros(padded_rows(sum(n * count for n, (_, count) in zip(n_pos, groups))), w_max * E)
@@ -230,8 +230,8 @@ class Highway(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if bf16_operands(x.device.type, x.dtype) and usable():
-            # One compiled loop from the bf16 product to the output: the eager passes over the
-            # product (cast, bias, relu, sigmoid, mix) took about three times as long.
+            # One compiled loop from the bf16 product to the output, in place of a pass over the
+            # product per eager op (cast, bias, relu, sigmoid, mix).
             p = product(self.proj, x)                                   # (N, 2 dim) bfloat16
             return run(_highway_mix, (p, self.proj.bias, x), lambda: _highway_mix(p, self.proj.bias, x),
                        [(p, 0), (x, 0)], "the highway")
