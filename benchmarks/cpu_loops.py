@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_precision import machine, sample_batches
+from cpu_precision import embed_all, machine, sample_batches, spread
 
 from torchelmo import BiLM, compiled, encoder, epilogue, preset
 from torchelmo.chars import batch_to_ids
-from torchelmo.embed import embed_batch
 from torchelmo.precision import cpu_bf16_support
 
 
@@ -47,7 +46,7 @@ def paired(with_, without, pairs: int, reps: int) -> dict:
         for side in ((with_, without) if k % 2 else (without, with_)):
             (a if side is with_ else b).append(best_of(side, reps))
     ratios = [y / x for x, y in zip(a, b)]
-    return {"with_s": min(a), "without_s": min(b), "ratio_best": min(b) / min(a),
+    return {"with_s": min(a), "without_s": min(b), "ratio_best": min(b) / min(a), "ratios": ratios,
             "ratio_median": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
 
 
@@ -88,8 +87,7 @@ def encoder_loops(tokens: int, pairs: int) -> dict:
                 model.encoder(x)
 
     def embed():
-        for b in batches:
-            embed_batch(model, b, "all", None)
+        embed_all(model, batches)
 
     toggled(True, embed)()                      # compile every loop once
     toggled(False, embed)()
@@ -118,12 +116,11 @@ def main() -> None:
             g, e = row["gate_loop"], row["encoder_loops"]
             print(f"{n} thread(s)")
             print(f"  gate loop {tuple(g['shape'])}: FMA {g['with_s'] * 1e3:.2f} ms, without {g['without_s'] * 1e3:.2f} ms"
-                  f"  x{g['ratio_best']:.2f} (pairs {g['ratio_median']:.2f} [{g['ratio_range'][0]:.2f}-{g['ratio_range'][1]:.2f}])")
+                  f"  x{g['ratio_best']:.2f} (pairs {spread(g['ratios'])})")
             for part in ("encoder", "embedding"):
                 p = e[part]
                 print(f"  bf16 {part}, small shapes, {e['tokens']:,} words: loops {p['with_s'] * 1e3:.1f} ms, eager ops"
-                      f" {p['without_s'] * 1e3:.1f} ms  x{p['ratio_best']:.3f} (pairs {p['ratio_median']:.3f}"
-                      f" [{p['ratio_range'][0]:.3f}-{p['ratio_range'][1]:.3f}])")
+                      f" {p['without_s'] * 1e3:.1f} ms  x{p['ratio_best']:.3f} (pairs {spread(p['ratios'])})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
