@@ -70,8 +70,7 @@ def test_char_cnn_training_gradients_equal_the_reference():
 
 
 def test_char_cnn_training_on_bf16_operands():
-    """The written-out backward on bfloat16 operands (as ``--precision bf16`` trains on a CPU with
-    AMX): values and gradients within bf16's rounding of the float64 reference."""
+    """The written-out backward on bfloat16 operands (as ``--precision bf16`` trains on a CPU): values and gradients within bf16's rounding of the float64 reference."""
     enc, ids = _all_lengths_encoder(torch.float32)
     enc64 = BiLM(ElmoConfig(**CFG)).encoder.double()
     enc64.load_state_dict(enc.state_dict())

@@ -13,7 +13,7 @@ from torchelmo import backend as B
 from torchelmo import compiled, epilogue
 from torchelmo import lstm as L
 from torchelmo.errors import ElmoError
-from torchelmo.precision import cpu_bf16_support, resolve_precision
+from torchelmo.precision import resolve_precision
 
 needs_compiler = pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 
@@ -68,7 +68,7 @@ def test_compiled_epilogue_equals_eager(In, precision):
     for clip in (3.0, None):
         eager = _run(layer, "cpu", precision, lengths, clip, x, c0, h0)
         fused = _run(layer, "cpu+compile", precision, lengths, clip, x, c0, h0)
-        if precision == "fp32" or cpu_bf16_support() != "amx":
+        if precision == "fp32":
             # torch's own sigmoid and tanh in one loop: the eager numbers but for rounding
             for a, b in zip(eager, fused):
                 torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
@@ -86,7 +86,6 @@ def test_compiled_epilogue_equals_eager(In, precision):
 
 def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monkeypatch):
     monkeypatch.setattr(B, "triton_installed", lambda: False)
-    monkeypatch.setattr(B, "cpu_bf16_support", lambda: "amx")
     monkeypatch.setattr(B, "compiler_found", lambda: True)
     wide, narrow = B.COMPILE_MIN_CELLS, B.COMPILE_MIN_CELLS - 1
     assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu+compile"
@@ -94,9 +93,6 @@ def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monke
     assert B.resolve_backend("auto", "cpu", 5, 4, wide, "fp32") == "cpu"      # fp32: no faster, so eager
     assert B.resolve_backend("cpu", "cpu", 5, 4, wide, "bf16") == "cpu"
     assert B.resolve_backend("cpu+compile", "cpu", 5, 4, 8, "fp32") == "cpu+compile"
-    monkeypatch.setattr(B, "cpu_bf16_support", lambda: "avx512_bf16")          # bf16 runs as fp32 there
-    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu"
-    monkeypatch.setattr(B, "cpu_bf16_support", lambda: "amx")
     monkeypatch.setattr(B, "compiler_found", lambda: False)
     assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu"
     with pytest.raises(ElmoError, match="backend cpu\\+compile: no C\\+\\+ compiler found"):
@@ -200,7 +196,6 @@ def test_training_steps_write_into_views_of_the_buffers(clip):
 
 
 @needs_compiler
-@pytest.mark.skipif(cpu_bf16_support() != "amx", reason="bf16 training multiplies bf16 tensors only with AMX")
 def test_compiled_training_gates_follow_the_eager_ones():
     # A bf16 training pass of one layer, forward and backward: each step's gates as two compiled
     # loops (rational sigmoid and tanh) against the eager ops; the same numbers to a few bf16
@@ -222,7 +217,6 @@ def test_compiled_training_gates_follow_the_eager_ones():
 
 
 @needs_compiler
-@pytest.mark.skipif(cpu_bf16_support() != "amx", reason="bf16 training multiplies bf16 tensors only with AMX")
 def test_a_failing_training_compile_warns_once_and_trains_eager(monkeypatch):
     def broken(fn):
         def fail(*a):

@@ -25,7 +25,7 @@ from torchelmo.operands import bf16_cache, linear, mm, padded_rows
 from torchelmo.precision import Precision, resolve_precision
 from torchelmo.train import train
 
-AMX = precision_mod.cpu_bf16_support() == "amx"
+BF16_UNITS = precision_mod.cpu_bf16_support() != "none"   # AMX or AVX512-BF16
 
 
 def rounded(t: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,6 @@ def reference_layer(layer, x, lengths, cell_clip, proj_clip, round_operands, rou
 # Shapes where every matmul, even of one running row, is over PyTorch's 16^3 multiply-adds below
 # which a CPU matmul stays fp32 whatever the math mode.
 SHAPES = [(24, 48, 64), (320, 48, 256)]     # narrow (one matmul per step) and wide (chunked) paths
-NATIVE = AMX   # bf16 tensors only where AMX multiplies them
 
 
 def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad, backend=None):
@@ -77,14 +76,11 @@ def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad, backend=None):
 
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
 def test_bf16_training_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim):
-    # The autograd path: with AMX, bf16 tensors (one product per step over [x_t ; h_{t-1}],
-    # rounded to bf16), fp32 bias, gates, cell and clips; without AMX, the model's fp32.
+    # The autograd path: bf16 tensors (one product per step over [x_t ; h_{t-1}], rounded to
+    # bf16), fp32 bias, gates, cell and clips, on every CPU.
     lengths = [7, 5, 2]
     layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=True)
     exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)
-    if not AMX:
-        assert (out - exact).abs().max() < 1e-5
-        return
     want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=True, round_products=True)
     assert (out - want).abs().max() <= 2.0 ** -6 * want.abs().max()
     assert (out - exact).abs().max() > 1e-3
@@ -101,23 +97,21 @@ def test_bf16_inference_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, ls
     # of a bf16 rounding boundary than float64's; over a sequence such one-unit differences travel
     # on, so the bound is a few bf16 units.
     layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, [1, 1, 1, 1], grad=False, backend=backend)
-    want = reference_layer(layer, x, [1] * 4, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
+    want = reference_layer(layer, x, [1] * 4, 3.0, 3.0, round_operands=True, round_products=True)
     close = (out - want).abs() < 1e-5
     assert close.double().mean() > 0.98
     assert (out - want).abs().max() <= 2.0 ** -8 * want.abs().max()
     lengths = [7, 5, 2]
     layer, x, out = _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad=False, backend=backend)
-    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=NATIVE, round_products=NATIVE)
+    want = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=True, round_products=True)
     assert (out - want).abs().max() <= 2.0 ** -6 * want.abs().max()
     exact = reference_layer(layer, x, lengths, 3.0, 3.0, round_operands=False)
-    assert ((out - exact).abs().max() > 1e-3) == NATIVE
+    assert (out - exact).abs().max() > 1e-3
     assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
 
 
 def test_bf16_weights_are_cast_once_and_recast_when_they_change():
     layer, x, _ = _bf16_run(24, 48, 64, [3, 2], grad=False)
-    if not NATIVE:
-        pytest.skip("this CPU multiplies no bf16: the operands stay fp32")
     joint = bf16_cache(layer)["joint"]
     c0, h0 = torch.zeros(2, 2, 48), torch.zeros(2, 2, 64)
     run = lambda: lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0, precision="bf16")[0]  # noqa: E731
@@ -136,8 +130,6 @@ def test_bf16_weights_are_cast_once_and_recast_when_they_change():
 def test_bf16_inference_after_a_fused_optimizer_step_uses_the_new_weights():
     # PyTorch's fused optimizers update weights in place without bumping their version counters:
     # the cached bf16 casts must still follow (the trainer validates in bf16 between steps).
-    if not NATIVE:
-        pytest.skip("this CPU multiplies no bf16: nothing is cached")
     torch.manual_seed(0)
     model = BiLM(preset("tiny"), precision="bf16").eval()
     ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
@@ -157,8 +149,6 @@ def test_bf16_inference_after_a_fused_optimizer_step_uses_the_new_weights():
 def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
     # Highway and projection: bf16 weights (cached) and activations, fp32 bias and gates; the
     # same numbers to bf16 accuracy; autograd (training) keeps fp32 tensors.
-    if not NATIVE:
-        pytest.skip("this CPU multiplies no bf16: the operands stay fp32")
     torch.manual_seed(0)
     model = BiLM(preset("tiny")).eval()
     ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
@@ -175,7 +165,7 @@ def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
 
 
 def test_bf16_training_gradients_reach_fp32_weights():
-    # One forward and backward pass of the biLM: under bf16 (with AMX) the char-CNN, highway,
+    # One forward and backward pass of the biLM: under bf16 the char-CNN, highway,
     # projection and recurrence multiply bf16 tensors, so every weight's gradient differs from
     # fp32's a little; it arrives in fp32 on the fp32 parameter, close to fp32's.
     torch.manual_seed(0)
@@ -195,7 +185,7 @@ def test_bf16_training_gradients_reach_fp32_weights():
         assert g16.dtype == torch.float32
         rel = (g16 - g32).norm() / g32.norm()
         assert rel < 0.05, n
-        assert (rel > 1e-4) == AMX, n
+        assert rel > 1e-4, n
 
 
 def test_scope_sets_and_restores_the_cpu_math_mode():
@@ -210,13 +200,14 @@ def test_scope_sets_and_restores_the_cpu_math_mode():
 
 
 def test_auto_follows_the_hardware(monkeypatch):
-    assert resolve_precision("auto", "cpu").name == ("bf16" if AMX else "fp32")
+    assert resolve_precision("auto", "cpu").name == ("bf16" if BF16_UNITS else "fp32")
     assert resolve_precision("auto", "cuda").name == "fp32"
-    for kind, want in (("amx", "bf16"), ("avx512_bf16", "fp32"), ("none", "fp32")):
+    for kind, want in (("amx", "bf16"), ("avx512_bf16", "bf16"), ("none", "fp32")):
         monkeypatch.setattr(precision_mod, "cpu_bf16_support", lambda kind=kind: kind)
         assert resolve_precision("auto", "cpu").name == want
         assert kind.split("_")[0].upper() in precision_mod.support_line() or kind == "none"
-    # Asking for bf16 where it cannot be faster warns once, in one line, and still runs bf16.
+    # Asking for bf16 where it is slower than fp32 warns once, in one line, and still runs bf16;
+    # where the CPU has bf16 units it does not warn.
     precision_mod._warn_slow_bf16.cache_clear()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -225,6 +216,10 @@ def test_auto_follows_the_hardware(monkeypatch):
     assert [w.category for w in seen] == [precision_mod.PrecisionWarning]
     assert "no bfloat16 units" in str(seen[0].message) and "\n" not in str(seen[0].message)
     precision_mod._warn_slow_bf16.cache_clear()
+    monkeypatch.setattr(precision_mod, "cpu_bf16_support", lambda: "avx512_bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_precision("bf16", "cpu").name == "bf16"
 
 
 def test_cpu_support_respects_onednn_isa_ceiling(monkeypatch):
@@ -316,7 +311,7 @@ def test_cli_precision_choices(tmp_path, capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     machine = json.loads(out[out.index("{"):])["machine"]
-    assert machine.startswith("precision: CPU") and ("auto picks bf16" in machine) == AMX
+    assert machine.startswith("precision: CPU") and ("auto picks bf16" in machine) == BF16_UNITS
 
 
 def test_cli_backend_option(tmp_path):
@@ -363,7 +358,7 @@ def test_padded_products_equal_plain_ones(rows):
     torch.testing.assert_close(got, layer(x), rtol=0.02, atol=0.05)
 
 
-@pytest.mark.skipif(not AMX, reason="bf16 products compile oneDNN kernels only where AMX multiplies them")
+@pytest.mark.skipif(not BF16_UNITS, reason="oneDNN compiles bf16 kernels only where the CPU has bf16 units")
 def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     # Row counts 1,025..1,088 (a batch's distinct tokens, say) make one padded shape: one
     # compiled forward kernel, where each count used to compile its own.
@@ -393,7 +388,6 @@ def test_linear_adds_its_bias_once_on_every_path():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = linear(layer, x)
     assert (got.float() - want).abs().max() < 0.1
-    if NATIVE:
-        with torch.no_grad(), Precision("bf16", "cpu").scope():
-            got = linear(layer, x)
-        assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1
+    with torch.no_grad(), Precision("bf16", "cpu").scope():
+        got = linear(layer, x)
+    assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1

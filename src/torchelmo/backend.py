@@ -10,8 +10,8 @@
 * ``triton+graphs``: the same, and at inference each layer replays as a CUDA graph
   (:mod:`torchelmo.graphs`); with autograd or autocast on, it runs as ``triton``.
 * ``auto``: ``triton`` on CUDA when Triton is installed; on a CPU, ``cpu+compile`` where the
-  model computes on bf16 operands (``bf16`` precision on a CPU with AMX: there the epilogue costs
-  more than the matmuls), its layers have at least ``COMPILE_MIN_CELLS`` cells and a C++ compiler
+  model computes on bf16 operands (``bf16`` precision on a CPU: there the epilogue costs more
+  than the matmuls), its layers have at least ``COMPILE_MIN_CELLS`` cells and a C++ compiler
   is found; else ``cpu``.
 
 Whatever is asked, a layer too large for the fused kernels' 32-bit offsets runs ``cpu``. The
@@ -26,7 +26,6 @@ import os
 
 from .compiled import compiler_found
 from .errors import ElmoError
-from .precision import cpu_bf16_support
 
 BACKENDS = ("auto", "cpu", "cpu+compile", "triton", "triton+graphs")
 # Below this many cells per direction the epilogue is a small part of a step, and not worth a compile.
@@ -65,7 +64,7 @@ def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int, 
     if name == "auto":
         if device_type == "cuda" and triton_installed() and fused_fits(T, B, D):
             return "triton"
-        bf16_cpu = device_type == "cpu" and precision == "bf16" and cpu_bf16_support() == "amx"
+        bf16_cpu = device_type == "cpu" and precision == "bf16"
         return "cpu+compile" if bf16_cpu and D >= COMPILE_MIN_CELLS and compiler_found() else "cpu"
     if name.startswith("cpu"):
         if name == "cpu+compile" and not compiler_found():
@@ -84,8 +83,8 @@ def support_line() -> str:
     """One line on what ``auto`` runs here (``elmo info``)."""
     cuda = "triton on CUDA" if triton_installed() else "cpu on CUDA (Triton not installed)"
     if compiler_found():
-        cpu = (f"cpu+compile under bf16 on this CPU's AMX for layers of {COMPILE_MIN_CELLS}+ cells (a C++ "
-               "compiler is found), else cpu" if cpu_bf16_support() == "amx" else "cpu")
+        cpu = (f"cpu+compile under bf16 for layers of {COMPILE_MIN_CELLS}+ cells (a C++ compiler is "
+               "found), else cpu")
     else:
         cpu = "cpu (no C++ compiler found, so no cpu+compile)"
     return f"backend auto: {cuda}; on the CPU {cpu}"

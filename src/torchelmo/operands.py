@@ -1,6 +1,6 @@
 """bfloat16 matmul operands on the CPU: the model's big products on bf16 tensors, fp32 elsewhere.
 
-Under ``--precision bf16`` on a CPU with AMX, oneDNN's bf16 math mode takes fp32 tensors and
+Under ``--precision bf16`` on a CPU, oneDNN's bf16 math mode takes fp32 tensors and
 converts both operands on every call, the weights included, and its backward products gain
 nothing: at the model's shapes that conversion costs about what the bf16 multiply saves. The
 char-CNN, the highway, the token projection and the recurrence therefore multiply bfloat16
@@ -33,18 +33,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .precision import active_precision, cpu_bf16_support
+from .precision import active_precision
 
 
 def _bf16_cpu(device_type: str, dtype: torch.dtype) -> bool:
+    # On every CPU, so that bf16 gives the same numbers everywhere (fast where the CPU has
+    # bfloat16 units; auto picks bf16 only there).
     p = active_precision()
-    return (p is not None and p.name == "bf16" and device_type == "cpu" and dtype == torch.float32
-            and cpu_bf16_support() == "amx")
+    return p is not None and p.name == "bf16" and device_type == "cpu" and dtype == torch.float32
 
 
 def bf16_operands(device_type: str, dtype: torch.dtype) -> bool:
     """Whether inference on ``device_type`` for a model of ``dtype`` multiplies bf16 tensors here
-    (weights cached): inside a bf16 scope, on a CPU with AMX, for an fp32 model, without autograd."""
+    (weights cached): inside a bf16 scope, on a CPU, for an fp32 model, without autograd."""
     return not torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
 
 

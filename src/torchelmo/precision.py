@@ -7,19 +7,20 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
 * ``bf16``: matrix products take bfloat16 operands and accumulate in fp32; parameters, cell
   state, gates, clips and every elementwise step stay fp32.
 
-  - On a CPU with bfloat16 matrix units (AMX), the char-CNN, highway, token projection and both
-    LSTM stacks multiply bfloat16 tensors, forward and backward (:mod:`torchelmo.operands`:
-    weights cast once at inference, once per pass in training; products rounded to bfloat16),
-    and every other matmul (the softmax) runs in oneDNN's bf16 math mode, which rounds fp32
-    operands to bfloat16 and returns fp32. The model stays fp32 (in training: fp32 master
-    weights and optimizer state). At inference each LSTM step's gates run as one compiled loop
-    whose sigmoid and tanh are rational functions, exact to 5e-7 (the backend ``auto`` picks,
-    :mod:`torchelmo.epilogue`). Without AMX, oneDNN computes such requests in fp32, so bf16
-    is no faster there (see :func:`cpu_bf16_support`).
+  - On a CPU, the char-CNN, highway, token projection and both LSTM stacks multiply bfloat16
+    tensors, forward and backward (:mod:`torchelmo.operands`: weights cast once at inference,
+    once per pass in training; products rounded to bfloat16), and every other matmul (the
+    softmax) runs in oneDNN's bf16 math mode, which rounds fp32 operands to bfloat16 and returns
+    fp32. The model stays fp32 (in training: fp32 master weights and optimizer state). Each LSTM
+    step's gates run as one compiled loop whose sigmoid and tanh are rational functions, exact
+    to 5e-7 (the backend ``auto`` picks, :mod:`torchelmo.epilogue`). The numbers are the same on
+    every CPU; the speed is not: bf16 matmuls are several times fp32's where the CPU has bfloat16
+    units (AMX tiles, or AVX512-BF16 dot products), and slower than fp32 where it has neither
+    (:func:`cpu_bf16_support`).
   - On CUDA, bfloat16 autocast for the char-CNN and projections, and bfloat16 operands in the
     fused recurrence's kernels.
-* ``auto``: bf16 on a CPU with AMX, fp32 everywhere else (also on CUDA, until a GPU run has
-  measured the reduced precisions).
+* ``auto``: bf16 on a CPU with bfloat16 units (AMX or AVX512-BF16), fp32 everywhere else (also
+  on CUDA, until a GPU run has measured the reduced precisions).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .errors import ElmoError
 PRECISIONS = ("fp32", "tf32", "bf16")
 CHOICES = (*PRECISIONS, "auto")
 PRECISION_HELP = ("fp32 (default, exact), tf32 (CUDA), bf16 (bfloat16 matmul operands, fp32 "
-                  "accumulation and state), or auto (bf16 on a CPU with AMX, else fp32)")
+                  "accumulation and state), or auto (bf16 on a CPU with bfloat16 units, else fp32)")
 
 # oneDNN's ISA ceilings below which it has no bf16 instructions, and below which it has no AMX
 # (ONEDNN_MAX_CPU_ISA lowers what oneDNN uses; it is also how the benchmarks emulate older CPUs).
@@ -55,11 +56,11 @@ def check_precision(value: str, what: str = "precision") -> str:
 
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_support() -> str:
-    """What this CPU offers bfloat16 matmuls, as oneDNN will use it: ``"amx"`` (AMX-BF16 tiles:
-    bf16 matmuls 2-5x faster than fp32), ``"avx512_bf16"`` (dot-product instructions, no AMX) or
-    ``"none"``. Without AMX, oneDNN's bf16 math mode computes in plain fp32 (measured by
-    emulation with ``ONEDNN_MAX_CPU_ISA`` on an AMX machine: the same numbers as fp32, 5-10%
-    slower), so bf16 pays only where this is ``"amx"``."""
+    """What this CPU offers bfloat16 matmuls, as oneDNN will use it: ``"amx"`` (AMX-BF16 tiles),
+    ``"avx512_bf16"`` (dot-product instructions, no AMX) or ``"none"``. With either of the first
+    two, bf16 matmuls run several times faster than fp32's (docs/benchmarks.md, measured on both
+    kinds); with ``"none"`` bf16 is emulated and slower than fp32. (An AMX machine with oneDNN
+    capped at ``AVX512_CORE_BF16`` does not show a real AVX512-BF16 CPU's speed.)"""
     flags = _cpu_flags()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if "amx_bf16" in flags and isa not in _NO_AMX_ISAS and _amx_usable():
@@ -90,9 +91,8 @@ def support_line() -> str:
     """One line on this machine's reduced-precision support (``elmo info``)."""
     kind = cpu_bf16_support()
     what = {"amx": "AMX-BF16: bf16 is faster than fp32 here; --precision auto picks bf16",
-            "avx512_bf16": "AVX512-BF16 without AMX: bf16 computes in fp32 here, no faster; --precision "
-                           "auto picks fp32",
-            "none": "no bf16 units: bf16 computes in fp32 here, no faster; --precision auto picks fp32"}[kind]
+            "avx512_bf16": "AVX512-BF16 (no AMX): bf16 is faster than fp32 here; --precision auto picks bf16",
+            "none": "no bf16 units: bf16 is emulated here, slower than fp32; --precision auto picks fp32"}[kind]
     line = f"precision: CPU {what}"
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
@@ -152,26 +152,25 @@ def active_precision() -> Precision | None:
 
 def resolve_precision(name: str, device: torch.device | str) -> Precision:
     """``name`` (one of :data:`CHOICES`) for ``device``; ``auto`` becomes what is fastest there
-    without leaving the accuracy the library documents (bf16 on an AMX CPU, else fp32)."""
+    without leaving the accuracy the library documents (bf16 on a CPU with bfloat16 units, else
+    fp32)."""
     check_precision(name)
     device_type = torch.device(device).type
     if name == "auto":
-        name = "bf16" if device_type == "cpu" and cpu_bf16_support() == "amx" else "fp32"
-    elif name == "bf16" and device_type == "cpu" and cpu_bf16_support() != "amx":
+        name = "bf16" if device_type == "cpu" and cpu_bf16_support() != "none" else "fp32"
+    elif name == "bf16" and device_type == "cpu" and cpu_bf16_support() == "none":
         _warn_slow_bf16()
     return Precision(name, device_type)
 
 
 @functools.lru_cache(maxsize=1)
 def _warn_slow_bf16() -> None:
-    kind = cpu_bf16_support()
-    what = "has AVX512-BF16 but no AMX" if kind == "avx512_bf16" else "has no bfloat16 units"
-    warnings.warn(f"precision bf16: this CPU {what}, so its matmuls compute in fp32, no faster "
-                  "than --precision fp32 (auto picks fp32 here)", PrecisionWarning, stacklevel=3)
+    warnings.warn("precision bf16: this CPU has no bfloat16 units, so its bf16 matmuls are emulated, "
+                  "slower than --precision fp32 (auto picks fp32 here)", PrecisionWarning, stacklevel=3)
 
 
 class PrecisionWarning(UserWarning):
-    """A precision was asked for that this machine cannot run faster."""
+    """A precision was asked for that this machine runs slower than fp32."""
 
 
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

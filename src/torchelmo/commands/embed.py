@@ -51,7 +51,7 @@ def add_subcommand(sub) -> None:
                    help=PRECISION_HELP + "; the output is float32 either way")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="the LSTM recurrence's implementation: auto (default: Triton on CUDA when "
-                   "installed, else PyTorch, its gates compiled under bf16 on a CPU with AMX), cpu, "
+                   "installed, else PyTorch, its gates compiled under bf16 on a CPU), cpu, "
                    "cpu+compile (the gates compiled by torch.compile), triton or triton+graphs (CUDA graphs at inference)")
     p.add_argument("--stateful", action="store_true",
                    help="carry LSTM state from batch to batch (row r of batch i = line i*B + r), "
