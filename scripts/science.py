@@ -1,28 +1,35 @@
-"""The science biLM: the published-small shapes trained here on the open corpus, in chunks, with
-its record kept whole in results/science/record.json.
+"""The science biLMs: the published-small shapes trained here on the open corpus, in chunks, each
+run's record kept whole in results/science/RUN/record.json.
 
     .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
     .venv/bin/python scripts/science.py record                  # rewrite the record from the run
     .venv/bin/python scripts/science.py probe step-003906       # every probe on a milestone (or: default)
     .venv/bin/python scripts/science.py probe step-031248 --headline   # the final model, in results/probe
 
-The run lives outside the checkout (``../runs``, beside ``../shared``): a session's work tree is
-laid anew, the machine's other files are kept. Steps of ``train``:
+``--run NAME`` (before the command) picks the run, ``configs/science/NAME.json``: ``small-160m``
+(the default: round two, 160M tokens per direction from step 0) or ``small`` (round one, 80M
+tokens, finished; its model was lost with the machine it lived on). A run's config holds its
+budget (``_budget``), fixed before the start; ``max_steps`` and the cosine schedule follow from it.
+
+The runs live outside the checkout (``../runs``, beside ``../shared``): a session's work tree is
+laid anew, the machine's other files are kept, until the machine changes. Steps of ``train``:
 
 1. The corpus (``scripts/prepare_corpus.py ../runs/corpus``) and the vocabulary (``elmo vocab``,
-   tokens seen at least ``MIN_COUNT`` times), once.
-2. ``elmo train --config configs/science/small.json --resume --time-limit MINUTES``: continues the
+   tokens seen at least ``MIN_COUNT`` times), once; both are deterministic, so a new machine
+   rebuilds the same files.
+2. ``elmo train --config configs/science/NAME.json --resume --time-limit MINUTES``: continues the
    run exactly where its last checkpoint left it and stops cleanly after MINUTES with a checkpoint
    (``--new-data WHY``: the training files changed, the data starts a new epoch on them).
    The output is appended to RUN/train.log.
-3. The chunk (start and end step, tokens, wall time, machine, threads, precision, the last
-   validation) is appended to RUN/chunks.jsonl; a validation that happened in the chunk has its
+3. The chunk (start and end step, tokens, wall time, machine, threads, precision, code, the
+   validations it ran) is appended to the record itself, which lives in the repository, so that
+   the history survives the loss of ``../runs``; a validation that happened in the chunk has its
    ``best/`` model copied to RUN/milestones/ when it is that validation's model (the models the
    probes compare along the way).
-4. The record is rewritten.
 
-Budget, fixed before the run (the config's ``max_steps`` and its cosine schedule follow from it):
-see ``BUDGET`` below and docs/science.md.
+If the record says the run got further than the checkpoints on this machine, ``../runs`` was lost:
+``train`` stops and says so; ``--restart-lost WHY`` starts the run again from step 0 with the
+loss written into the record (the steps, tokens, hours and milestones that went).
 """
 
 from __future__ import annotations
@@ -40,30 +47,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "science" / "small.json"
-RECORD = ROOT / "results" / "science" / "record.json"
+CONFIGS = ROOT / "configs" / "science"
 CORPUS = ROOT.parent / "runs" / "corpus"
 DATA = ROOT.parent / "shared" / "data"
 PROBES = ROOT / "results" / "probe"
 MIN_COUNT = 3
-BUDGET = {
-    "tokens": 80_000_000,          # per direction: max_steps x 128 rows x 20 steps = 31,250 x 2,560
-    "hours_estimate": 12,          # at the 1,900 tokens/s measured before the start (2 threads, fp32)
-    "validation_every_tokens": 10_000_000,
-    # fp32 at the start: on this run's shapes (128 rows, adaptive softmax) bf16 then trained no
-    # faster (2 threads: fp32 1,956 / 1,811 tokens/s, bf16 1,948 / 1,819). bf16 from step 13,149
-    # (the config's precision), once bf16 training multiplied bf16 tensors: 1.41x fp32 at 2
-    # threads (benchmarks/cpu_precision.py), and PTB's recipe in bf16 followed fp32 to 0.3%
-    # (benchmarks/bf16_training.py). Each chunk records its precision.
-    "precision": "fp32",
-}
+RUN = "small-160m"   # set by --run
+
+
+def config_path() -> Path:
+    return CONFIGS / f"{RUN}.json"
+
+
+def record_path() -> Path:
+    return ROOT / "results" / "science" / RUN / "record.json"
+
+
+def budget() -> dict:
+    raw = json.loads(config_path().read_text(encoding="utf-8"))
+    return {k: v for k, v in raw.get("_budget", {}).items() if not k.startswith("_")}
 
 
 def config() -> dict:
     """The run's configuration, every field resolved (the file holds only what differs from the
     defaults)."""
     from torchelmo.train import TrainConfig
-    return dataclasses.asdict(TrainConfig.from_dict(json.loads(CONFIG.read_text(encoding="utf-8")), str(CONFIG)))
+    path = config_path()
+    if not path.is_file():
+        sys.exit(f"science.py: --run {RUN}: no {path.relative_to(ROOT)}")
+    return dataclasses.asdict(TrainConfig.from_dict(json.loads(path.read_text(encoding="utf-8")), str(path)))
 
 
 def run_dir(cfg: dict) -> Path:
@@ -147,15 +159,34 @@ def validations(run: Path) -> list[dict]:
     return out
 
 
+def load_record() -> dict:
+    """The run's committed record (empty before its first chunk)."""
+    path = record_path()
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def train(args) -> int:
     cfg = config()
     prepare(cfg)
     run = run_dir(cfg)
+    record = load_record()
+    before = checkpoint_progress(run)
+    recorded = record.get("progress", {"step": 0, "tokens": 0, "seconds": 0.0})
+    if recorded["step"] > before["step"]:
+        if not args.restart_lost:
+            sys.exit(f"science.py: the record says run {RUN} reached step {recorded['step']:,} "
+                     f"({recorded['tokens']:,} tokens), but {run} holds step {before['step']:,}: its "
+                     "checkpoints were lost (a new machine?). Give --restart-lost WHY to train again "
+                     "from that checkpoint (step 0 if none) with the loss recorded")
+        record.setdefault("lost", []).append({
+            "noticed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "why": args.restart_lost,
+            "recorded": recorded, "resumed_from": before, "milestones": record.get("milestones", [])})
+        record["milestones"] = []
     run.mkdir(parents=True, exist_ok=True)
-    before, n_valid = checkpoint_progress(run), len(validations(run))
+    n_valid = len(validations(run))
     started, t0, code = datetime.datetime.now(datetime.UTC), time.monotonic(), code_version()
-    cmd = [sys.executable, "-m", "torchelmo.cli", "train", "--config", os.path.relpath(CONFIG, ROOT), "--resume",
-           "--time-limit", str(args.minutes)]
+    cmd = [sys.executable, "-m", "torchelmo.cli", "train", "--config", os.path.relpath(config_path(), ROOT),
+           "--resume", "--time-limit", str(args.minutes)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.new_data:
@@ -183,34 +214,49 @@ def train(args) -> int:
         dest = run / "milestones" / f"step-{kept:06d}"
         if not dest.exists():
             shutil.copytree(run / "best", dest)
-    write_record(cfg)
+    record.setdefault("chunks", []).append(chunk)
+    write_record(cfg, record)
     return 0
 
 
-def write_record(cfg: dict) -> None:
+def write_record(cfg: dict, record: dict | None = None) -> None:
+    """Rewrite the run's record: its chunks (from the committed record: they survive ``../runs``),
+    its progress and milestones (from the run, when it is here), the validations of its chunks."""
+    record = load_record() if record is None else record
     run = run_dir(cfg)
-    chunks = []
-    if (run / "chunks.jsonl").is_file():
-        chunks = [json.loads(x) for x in (run / "chunks.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    progress = checkpoint_progress(run)
+    chunks = record.get("chunks", [])
+    # A loss that training restarted after ends the validations that describe the current model.
+    lost_at = max((i for i, c in enumerate(chunks) for x in record.get("lost", [])
+                   if x.get("resumed_from") is not None and c["started"] < x["noticed"]), default=-1)
+    progress = checkpoint_progress(run) if (run / "checkpoint.pt").is_file() else record.get(
+        "progress", checkpoint_progress(run))
     counts = json.loads((CORPUS / "counts.json").read_text()) if (CORPUS / "counts.json").is_file() else None
+    milestones = record.get("milestones", [])
+    if (run / "milestones").is_dir():
+        milestones = sorted(set(milestones) | {p.name for p in (run / "milestones").iterdir()})
+    tokens_per_step = cfg["batch_size"] * cfg["unroll"]
     record = {
-        "recipe": "scripts/science.py", "config": os.path.relpath(CONFIG, ROOT), "budget": BUDGET,
+        "recipe": "scripts/science.py", "run": RUN, "config": os.path.relpath(config_path(), ROOT), "budget": budget(),
         "vocabulary_min_count": MIN_COUNT,
         # The totals; per source in results/corpus.json.
-        "corpus": counts and {k: counts[k] for k in ("train_total", "valid_total") if k in counts},
-        "progress": {**progress, "fraction_of_budget": round(progress["tokens"] / BUDGET["tokens"], 4)},
+        "corpus": (counts and {k: counts[k] for k in ("train_total", "valid_total") if k in counts}) or record.get("corpus"),
+        "progress": {**{k: progress[k] for k in ("step", "tokens", "seconds")},
+                     "fraction_of_budget": round(progress["tokens"] / budget()["tokens"], 4)},
         "chunks": chunks,
-        "validation": [{"step": v["step"], "tokens": v["step"] * cfg["batch_size"] * cfg["unroll"],
+        # Validations of the chunks since the last loss (the ones before it describe a lost model).
+        "validation": [{"step": v["step"], "tokens": v["step"] * tokens_per_step,
                         "ppl_forward": round(v["valid_ppl_forward"], 2), "ppl_backward": round(v["valid_ppl_backward"], 2),
-                        "ppl_mean": round(v["valid_ppl_mean"], 2)} for v in validations(run)],
-        "milestones": sorted(p.name for p in (run / "milestones").iterdir()) if (run / "milestones").is_dir() else [],
+                        "ppl_mean": round(v["valid_ppl_mean"], 2)}
+                       for c in chunks[lost_at + 1:] for v in c.get("validations", [])],
+        "milestones": milestones,
+        **({"lost": record["lost"]} if record.get("lost") else {}),
     }
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RECORD.with_name(RECORD.name + ".tmp")
+    path = record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(RECORD)
-    print(f"wrote {RECORD.relative_to(ROOT)}: step {progress['step']}, {progress['tokens']:,} tokens "
+    tmp.replace(path)
+    print(f"wrote {path.relative_to(ROOT)}: step {progress['step']}, {progress['tokens']:,} tokens "
           f"({record['progress']['fraction_of_budget']:.1%} of the budget)", file=sys.stderr)
 
 
@@ -263,13 +309,17 @@ def probe(args) -> int:
 
 
 def main() -> int:
+    global RUN
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", default=RUN, help=f"which run: configs/science/RUN.json (default {RUN})")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="one chunk of training")
     t.add_argument("--minutes", type=float, required=True, help="stop cleanly after this long")
     t.add_argument("--threads", type=int, help="override the config's threads")
     t.add_argument("--new-data", metavar="WHY",
                    help="the training files changed (say how, for the record): a new epoch starts on them")
+    t.add_argument("--restart-lost", metavar="WHY",
+                   help="the run's checkpoints are gone: train again from what is here, the loss recorded")
     t.set_defaults(func=train)
     p = sub.add_parser("probe", help="every probe on a milestone (or the default model), then the comparison")
     p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")
@@ -280,9 +330,10 @@ def main() -> int:
     p.add_argument("--headline", action="store_true",
                    help="write into results/probe itself: the final model's report (results.json, report.md)")
     p.set_defaults(func=probe)
-    r = sub.add_parser("record", help="rewrite results/science/record.json from the run")
+    r = sub.add_parser("record", help="rewrite results/science/RUN/record.json from the run")
     r.set_defaults(func=lambda a: write_record(config()) or 0)
     args = ap.parse_args()
+    RUN = args.run
     return args.func(args)
 
 
