@@ -179,3 +179,24 @@ def test_gradients_with_clipping_float64():
 
     args = tuple(getattr(layer, n).detach().clone().requires_grad_(True) for n in names)
     assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_a_frozen_bilm_under_autograd_runs_the_inference_path(monkeypatch):
+    # Elmo keeps its biLM frozen while the task model trains with autograd on: the biLM's outputs
+    # need no gradient path, so no graph is kept, no training path (nor any of its compiled
+    # loops) runs, and the numbers are the no-grad ones, bit for bit.
+    from torchelmo import compiled, encoder
+    bilm = _tiny_random().requires_grad_(False)
+    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
+    with torch.no_grad():
+        want = bilm(ids).layers
+    calls = []
+    monkeypatch.setattr(compiled, "run", lambda *a, **k: calls.append(a) or a[2]())
+    monkeypatch.setattr(encoder._WindowMax, "apply", lambda *a: calls.append(a))
+    got = bilm(ids).layers
+    assert not calls
+    for g, w in zip(got, want):
+        assert not g.requires_grad and g.grad_fn is None and torch.equal(g, w)
+    bilm.layers[1].requires_grad_(True)               # part of it trains: the gradient path is back
+    out = bilm(ids).layers
+    assert out[2].requires_grad and not out[0].requires_grad

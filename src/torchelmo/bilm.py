@@ -318,7 +318,10 @@ class BiLM(nn.Module, ComputeSettings):
         full_len = lengths + 2
         full_mask = torch.arange(T + 2, device=device).unsqueeze(0) < full_len.unsqueeze(1)
 
-        with self.precision_scope():
+        # A frozen biLM (every weight without requires_grad, as Elmo keeps it) gives outputs that
+        # need no gradient path: it runs the inference paths, under autograd too.
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        with self.precision_scope(), torch.set_grad_enabled(grad):
             e = self.encoder(ids, plan).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
             layers = self.contextualise(e, full_len)
         if keep_sentence_boundaries:

@@ -321,7 +321,9 @@ class CharCNNEncoder(nn.Module):
         pad_win = pad_emb.repeat(1, w_max)                               # (1, w_max * E): an all-padding window
         if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
             note_training()
-        if torch.is_grad_enabled() and ids.device.type == "cpu":
+        trains = torch.is_grad_enabled() and (emb.requires_grad or any(
+            p.requires_grad for conv in self.convs for p in (conv.weight, conv.bias)))
+        if trains and ids.device.type == "cpu":
             dtype = torch.bfloat16 if bf16_training("cpu", bias.dtype) else bias.dtype
             out = _WindowMax.apply(emb, self._stacked_filters(), bias, pad_win, groups, layout, dtype)
         else:
