@@ -88,13 +88,14 @@ def test_auto_picks_the_compiled_epilogue_for_bf16_operands_on_wide_layers(monke
     monkeypatch.setattr(B, "triton_installed", lambda: False)
     monkeypatch.setattr(B, "compiler_found", lambda: True)
     wide, narrow = B.COMPILE_MIN_CELLS, B.COMPILE_MIN_CELLS - 1
-    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu+compile"
-    assert B.resolve_backend("auto", "cpu", 5, 4, narrow, "bf16") == "cpu"
-    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "fp32") == "cpu"      # fp32: no faster, so eager
+    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16", long_run=True) == "cpu+compile"
+    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu"      # too little work to pay a compile
+    assert B.resolve_backend("auto", "cpu", 5, 4, narrow, "bf16", long_run=True) == "cpu"
+    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "fp32", long_run=True) == "cpu"  # fp32: no faster, so eager
     assert B.resolve_backend("cpu", "cpu", 5, 4, wide, "bf16") == "cpu"
     assert B.resolve_backend("cpu+compile", "cpu", 5, 4, 8, "fp32") == "cpu+compile"
     monkeypatch.setattr(B, "compiler_found", lambda: False)
-    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16") == "cpu"
+    assert B.resolve_backend("auto", "cpu", 5, 4, wide, "bf16", long_run=True) == "cpu"
     with pytest.raises(ElmoError, match="backend cpu\\+compile: no C\\+\\+ compiler found"):
         B.resolve_backend("cpu+compile", "cpu", 5, 4, wide, "bf16")
 
@@ -234,3 +235,47 @@ def test_a_failing_training_compile_warns_once_and_trains_eager(monkeypatch):
         warnings.simplefilter("error")
         out.sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+def test_auto_compiles_only_where_the_work_pays_for_it(monkeypatch, tmp_path):
+    # bf16 on a wide model: a short job (the README's example, a small file) runs eager, with no
+    # compiled loop at all (recurrence, highway or max-pool); a long run (elmo train's
+    # validations, elmo probe, elmo embed of a large input) compiles them.
+    from torchelmo import BiLM, ElmoConfig, batch_to_ids
+    from torchelmo import encoder as enc_mod
+    from torchelmo.cli import main
+    from torchelmo.commands import embed as embed_cmd
+    monkeypatch.setattr(B, "triton_installed", lambda: False)
+    monkeypatch.setattr(B, "compiler_found", lambda: True)
+    monkeypatch.setattr(compiled, "compiler_found", lambda: True)
+    calls = []
+
+    def record(fn, args, eager, dynamic, what):
+        calls.append(what)
+        return eager()
+    monkeypatch.setattr(compiled, "run", record)
+    monkeypatch.setattr(epilogue, "run", record)
+    monkeypatch.setattr(enc_mod, "run", record)
+    torch.manual_seed(0)
+    model = BiLM(ElmoConfig(lstm_dim=B.COMPILE_MIN_CELLS, projection_dim=16, char_embed_dim=4, n_highway=1,
+                            filters=[[1, 8], [2, 8]]), precision="bf16").eval()
+    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark", "at", "cats"]])
+    with torch.no_grad():
+        short = model(ids).layers
+    assert calls == []
+    model.long_run = True
+    with torch.no_grad():
+        long = model(ids).layers
+    assert {"the LSTM's gate epilogue", "the highway", "the char-CNN's max-pool"} <= set(calls)
+    for a, b in zip(short, long):
+        torch.testing.assert_close(a, b, atol=0.05, rtol=0.02)   # eager and compiled: bf16 roundings apart
+    # elmo embed decides from the input's size.
+    seen = []
+    monkeypatch.setattr(embed_cmd, "embed_file", lambda model, *a, **k: seen.append(model.long_run) or 1 / 0)
+    small = tmp_path / "in.txt"
+    small.write_text("a b c\n")
+    for limit, want in ((1 << 20, False), (4, True)):
+        monkeypatch.setattr(embed_cmd, "COMPILE_MIN_INPUT_BYTES", limit)
+        with pytest.raises(ZeroDivisionError):
+            main(["embed", str(small), str(tmp_path / "out.hdf5"), "--top", "--precision", "bf16"])
+    assert seen == [False, True]

@@ -11,8 +11,11 @@
   (:mod:`torchelmo.graphs`); with autograd or autocast on, it runs as ``triton``.
 * ``auto``: ``triton`` on CUDA when Triton is installed; on a CPU, ``cpu+compile`` where the
   model computes on bf16 operands (``bf16`` precision on a CPU: there the epilogue costs more
-  than the matmuls), its layers have at least ``COMPILE_MIN_CELLS`` cells and a C++ compiler
-  is found; else ``cpu``.
+  than the matmuls), its layers have at least ``COMPILE_MIN_CELLS`` cells, a C++ compiler is
+  found and the work ahead pays for compiling (seconds per process, a warm cache included):
+  in training, and where the model's :attr:`~torchelmo.BiLM.long_run` says so (``elmo train``'s
+  validations, ``elmo embed`` of inputs of ``COMPILE_MIN_INPUT_BYTES`` or more); else ``cpu``.
+  Eager and compiled differ by about one bf16 rounding of a gate.
 
 Whatever is asked, a layer too large for the fused kernels' 32-bit offsets runs ``cpu``. The
 setting's default is ``auto``, or ``TORCHELMO_BACKEND`` when set (read once, at first use).
@@ -50,22 +53,32 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# Where compiling the CPU's bf16 loops pays, measured on an AMD EPYC (AVX512-BF16), one thread,
+# published shapes with random weights: the first batch of a process compiles for 4.5 s (small)
+# to 12.5 s (original) with inductor's cache warm, after which the compiled loops save 38 and
+# 100 us a word: about 120,000 words (some 700 KB of text) before compiling has paid.
+COMPILE_MIN_INPUT_BYTES = 1 << 20
+
+
 def fused_fits(T: int, B: int, D: int) -> bool:
     """Whether a layer's buffers (the largest is ``(2, T, B, 4D)``) fit the fused kernels' 32-bit
     offsets; larger ones take the ``cpu`` path."""
     return 2 * T * B * 4 * D < 2**31
 
 
-def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int, precision: str = "fp32") -> str:
+def resolve_backend(name: str | None, device_type: str, T: int, B: int, D: int, precision: str = "fp32",
+                    long_run: bool = False) -> str:
     """The path that runs a layer of ``D`` cells over ``B`` rows and ``T`` steps on ``device_type``
     in ``precision`` (the kernel precision, ``fp32``, ``tf32`` or ``bf16``): ``cpu``,
-    ``cpu+compile``, ``triton`` or ``triton+graphs`` (``name=None``: :func:`default_backend`)."""
+    ``cpu+compile``, ``triton`` or ``triton+graphs`` (``name=None``: :func:`default_backend`).
+    ``long_run``: enough work lies ahead to pay for compiling (training, or a large input), which
+    ``auto`` needs before it compiles."""
     name = default_backend() if name is None else check_backend(name)
     if name == "auto":
         if device_type == "cuda" and triton_installed() and fused_fits(T, B, D):
             return "triton"
         bf16_cpu = device_type == "cpu" and precision == "bf16"
-        return "cpu+compile" if bf16_cpu and D >= COMPILE_MIN_CELLS and compiler_found() else "cpu"
+        return "cpu+compile" if bf16_cpu and long_run and D >= COMPILE_MIN_CELLS and compiler_found() else "cpu"
     if name.startswith("cpu"):
         if name == "cpu+compile" and not compiler_found():
             raise ElmoError("backend cpu+compile: no C++ compiler found (torch.compile's CPU code needs one: "
@@ -83,8 +96,8 @@ def support_line() -> str:
     """One line on what ``auto`` runs here (``elmo info``)."""
     cuda = "triton on CUDA" if triton_installed() else "cpu on CUDA (Triton not installed)"
     if compiler_found():
-        cpu = (f"cpu+compile under bf16 for layers of {COMPILE_MIN_CELLS}+ cells (a C++ compiler is "
-               "found), else cpu")
+        cpu = (f"cpu+compile under bf16 in training and long runs, for layers of {COMPILE_MIN_CELLS}+ "
+               "cells (a C++ compiler is found), else cpu")
     else:
         cpu = "cpu (no C++ compiler found, so no cpu+compile)"
     return f"backend auto: {cuda}; on the CPU {cpu}"

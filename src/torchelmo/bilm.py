@@ -230,7 +230,8 @@ class BiLM(nn.Module, ComputeSettings):
             state = self.zero_state(x.shape[1], x)
         cfg = self.config
         kernel = self.resolved_precision().kernel
-        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim, kernel)
+        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim, kernel,
+                                  self._long_run())
         rows, unsort, run_lengths = _row_order(lengths, backend.startswith("triton"))
         h_in = rows(x)
         outs, final = [], []
@@ -284,7 +285,7 @@ class BiLM(nn.Module, ComputeSettings):
         each distinct token is encoded once. ``groups``: see :meth:`CharCNNEncoder.encode_tokens`."""
         pad = token_index < 0
         with self.precision_scope():
-            emb = self.encoder.encode_tokens(char_ids, groups)                    # (U, P)
+            emb = self.encoder.encode_tokens(char_ids, groups, self._fused())     # (U, P)
             x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
             return self.run_stacks(x, lengths, state)
 
@@ -322,7 +323,7 @@ class BiLM(nn.Module, ComputeSettings):
         # need no gradient path: it runs the inference paths, under autograd too.
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         with self.precision_scope(), torch.set_grad_enabled(grad):
-            e = self.encoder(ids, plan).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
+            e = self.encoder(ids, plan, self._fused()).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
             layers = self.contextualise(e, full_len)
         if keep_sentence_boundaries:
             m = full_mask.unsqueeze(-1).to(e.dtype)
@@ -338,6 +339,16 @@ class BiLM(nn.Module, ComputeSettings):
     @property
     def device(self) -> torch.device:
         return self.encoder.proj.weight.device
+
+    def _long_run(self) -> bool:
+        # Training is a long run by nature; otherwise the model's own setting says.
+        return self.long_run or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+
+    def _fused(self) -> bool:
+        """Whether the token encoder's compiled inference loops run: where the recurrence's
+        backend resolves to ``cpu+compile``."""
+        return resolve_backend(self._backend, self.device.type, 1, 1, self.config.lstm_dim,
+                               self.resolved_precision().kernel, self._long_run()) == "cpu+compile"
 
     # -- loading and saving ----------------------------------------------------------------------
     @classmethod

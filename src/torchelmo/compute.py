@@ -24,6 +24,9 @@ class ComputeSettings:
         self._in_scope = False
         self.precision = precision   # settable at any time
         self.backend = backend       # None: the backend module's default; settable at any time
+        # Enough work lies ahead to pay for compiling loops: backend auto may compile (see
+        # torchelmo.backend). Set by elmo train and by elmo embed for large inputs.
+        self.long_run = False
 
     @property
     def precision(self) -> str:

@@ -91,7 +91,7 @@ def _positions(groups: list[tuple[int, int]], layout: _Layout) -> list[int]:
 
 
 def _window_max(emb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad_win: torch.Tensor,
-                groups: list[tuple[int, int]], layout: _Layout, keep: bool = False):
+                groups: list[tuple[int, int]], layout: _Layout, keep: bool = False, fused: bool = False):
     """The char-CNN's max over window positions, for tokens sorted by length.
 
     Parameters
@@ -103,6 +103,7 @@ def _window_max(emb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad
     pad_win : ``(1, w_max * E)`` an all-padding window.
     groups : the ``(length, count)`` runs of the rows.
     keep : also return what :class:`_WindowMax` needs for the gradients.
+    fused : at inference on bf16 CPU operands, each group's max-pool as a compiled loop.
 
     Returns
     -------
@@ -120,7 +121,7 @@ def _window_max(emb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad
     n_pos = _positions(groups, layout)
     # Inference on bf16 operands: each group's max-pool is one compiled loop, in place of torch's
     # maximum over the middle axis (slow for that axis) and the small ops after it.
-    pooled = not keep and weight.dtype == torch.bfloat16 and emb.device.type == "cpu" and usable()
+    pooled = fused and not keep and weight.dtype == torch.bfloat16 and emb.device.type == "cpu" and usable()
     if keep:
         wins = emb.new_zeros(padded_rows(sum(n * count for n, (_, count) in zip(n_pos, groups))), w_max * E)
         winners, pad_won = [], torch.empty(N, F_total, dtype=torch.bool, device=emb.device)
@@ -228,8 +229,9 @@ class Highway(nn.Module):
         self.dim = dim
         self.proj = nn.Linear(dim, 2 * dim)  # rows [0, dim): transform, [dim, 2 dim): carry
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if bf16_operands(x.device.type, x.dtype) and usable():
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """``(N, dim)`` -> ``(N, dim)``; ``fused``: at inference on bf16 CPU operands, one compiled loop."""
+        if fused and bf16_operands(x.device.type, x.dtype) and usable():
             # One compiled loop from the bf16 product to the output, in place of a pass over the
             # product per eager op (cast, bias, relu, sigmoid, mix).
             p = product(self.proj, x)                                   # (N, 2 dim) bfloat16
@@ -270,14 +272,17 @@ class CharCNNEncoder(nn.Module):
         self._cache: dict[tuple[int, ...], int] | None = None
         self._cache_table: torch.Tensor | None = None
 
-    def encode_tokens(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    def encode_tokens(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None,
+                      fused: bool = False) -> torch.Tensor:
         """``(N, 50)`` -> ``(N, P)``, no deduplication, no cache. ``groups``: when the rows are
         already in ascending order of character length, its ``(length, count)`` runs (see
-        :func:`plan_tokens`), which spares the device a sort and a synchronisation."""
-        h = self._conv_max(ids, groups)                       # (N, n_filters)
+        :func:`plan_tokens`), which spares the device a sort and a synchronisation. ``fused``:
+        the compiled inference loops (max-pool, highway) where the operands are bf16 on a CPU
+        (the model's backend ``cpu+compile``)."""
+        h = self._conv_max(ids, groups, fused)                # (N, n_filters)
         h = self._act(h) if torch.is_grad_enabled() else self._act_(h)
         for hw in self.highways:
-            h = hw(h)
+            h = hw(h, fused)
         return linear(self.proj, h)
 
     def conv_reference(self, ids: torch.Tensor) -> torch.Tensor:
@@ -285,7 +290,8 @@ class CharCNNEncoder(nn.Module):
         x = self.char_embed(ids).transpose(1, 2)             # (N, E, 50)
         return self._act(torch.cat([conv(x).amax(dim=-1) for conv in self.convs], dim=-1))
 
-    def _conv_max(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    def _conv_max(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None,
+                  fused: bool = False) -> torch.Tensor:
         """Max over positions of every filter's valid cross-correlation, before the activation.
 
         The same windows as :meth:`conv_reference`, computed with less work:
@@ -328,7 +334,8 @@ class CharCNNEncoder(nn.Module):
             out = _WindowMax.apply(emb, self._stacked_filters(), bias, pad_win, groups, layout, dtype)
         else:
             weight = self._filters(ids.device.type)                      # (w_max * E, F)
-            out = _window_max(emb.to(weight.dtype), weight, bias, pad_win.to(weight.dtype), groups, layout)[0]
+            out = _window_max(emb.to(weight.dtype), weight, bias, pad_win.to(weight.dtype), groups, layout,
+                              fused=fused)[0]
         if order is None:
             return out
         result = torch.empty_like(out)
@@ -350,20 +357,21 @@ class CharCNNEncoder(nn.Module):
             return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), self._stacked_filters)
         return self._stacked_filters()
 
-    def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None) -> torch.Tensor:
+    def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None, fused: bool = False) -> torch.Tensor:
         """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros.
 
         ``plan``: the batch's distinct tokens found on the host (:func:`plan_tokens`), already on
-        this module's device; ``char_ids`` may then stay on the host."""
+        this module's device; ``char_ids`` may then stay on the host. ``fused``: see
+        :meth:`encode_tokens`."""
         B, T, C = char_ids.shape
         if B * T == 0:
             return self.proj.weight.new_zeros(B, T, self.config.projection_dim)
         if plan is None:
             uniq, inverse = torch.unique(char_ids.reshape(-1, C), dim=0, return_inverse=True)
-            emb = self._encode_unique(uniq)
+            emb = self._encode_unique(uniq, None, fused)
         else:
             uniq, inverse = plan.unique, plan.inverse
-            emb = self._encode_unique(uniq, plan.groups)
+            emb = self._encode_unique(uniq, plan.groups, fused)
         out = emb[inverse].view(B, T, -1)
         mask = copy_to(char_ids[..., 0] > 0, out.device)
         return out * mask.unsqueeze(-1).to(out.dtype)
@@ -374,9 +382,10 @@ class CharCNNEncoder(nn.Module):
         return self._cache is not None and not (
             torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
 
-    def _encode_unique(self, uniq: torch.Tensor, groups: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    def _encode_unique(self, uniq: torch.Tensor, groups: list[tuple[int, int]] | None = None,
+                       fused: bool = False) -> torch.Tensor:
         if not self._cache_usable():
-            return self.encode_tokens(uniq, groups)
+            return self.encode_tokens(uniq, groups, fused)
         assert self._cache is not None and self._cache_table is not None
         rows = [self._cache.get(tuple(r)) for r in uniq.tolist()]
         hit = [i for i, r in enumerate(rows) if r is not None]
@@ -386,7 +395,7 @@ class CharCNNEncoder(nn.Module):
         if hit:
             out[hit] = table[[rows[i] for i in hit]]
         if miss:
-            out[miss] = self.encode_tokens(uniq[miss])
+            out[miss] = self.encode_tokens(uniq[miss], fused=fused)
         return out
 
     @torch.no_grad()

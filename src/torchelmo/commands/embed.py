@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
-from ..backend import BACKENDS
+from ..backend import BACKENDS, COMPILE_MIN_INPUT_BYTES
 from ..bilm import BiLM
 from ..embed.engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from ..embed.hdf5 import embed_file, merge_shards, parse_shard
@@ -162,6 +163,9 @@ def run(args) -> int:
     model = model.to(device)
     model.precision = args.precision
     model.backend = args.backend
+    # Compiling pays only on large inputs (backend auto); stdin counts as large.
+    model.long_run = args.input == "-" or not os.path.isfile(args.input) or \
+        os.path.getsize(args.input) >= COMPILE_MIN_INPUT_BYTES
     with Interrupts(), warnings.catch_warnings():
         warnings.simplefilter("always", ElmoWarning)
         warnings.showwarning = _show_warning

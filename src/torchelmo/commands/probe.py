@@ -161,6 +161,7 @@ def _run(args, tasks: list[str]) -> int:
     device = apply_device_args(args)
     cache = args.cache or default_cache_dir()
     model = BiLM.from_pretrained(args.model, precision=args.precision).to(device).eval()
+    model.long_run = True   # whole data sets: backend auto may compile
     models = {"trained": model}
     if not args.no_control:
         models["control_random"] = random_like(model, args.control_seed)

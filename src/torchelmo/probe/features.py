@@ -184,4 +184,5 @@ def random_like(bilm: BiLM, seed: int = 0) -> BiLM:
     """The control: the same architecture with freshly initialised (untrained) weights."""
     torch.manual_seed(seed)
     model = BiLM(bilm.config, precision=bilm.precision).to(bilm.device)
+    model.long_run = bilm.long_run
     return model.eval()

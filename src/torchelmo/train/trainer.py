@@ -138,6 +138,7 @@ class Trainer:
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
         self.lm.bilm.precision = cfg.precision   # applied by the model, once per step and evaluation
+        self.lm.bilm.long_run = True             # its validations too may compile (backend auto)
 
     def _setup_optimizer(self) -> None:
         self.optimizer = make_optimizer(self.cfg, self.lm.parameters())
