@@ -120,7 +120,7 @@ def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
         return fail
     monkeypatch.setattr(compiled, "compiler_found", lambda: True)
     monkeypatch.setattr(compiled, "_compile", lambda fn: broken())
-    monkeypatch.setattr(compiled, "_failed", False)
+    monkeypatch.setattr(compiled, "_failed", set())
     layer = _layer(8, 16, 8)
     x, c0, h0 = torch.randn(2, 3, 4, 8), torch.zeros(2, 3, 16), torch.zeros(2, 3, 8)
     eager = _run(layer, "cpu", "fp32", [4, 3, 1], 3.0, x, c0, h0)
@@ -131,6 +131,14 @@ def test_a_failing_compile_warns_once_and_runs_eager(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # once: later layers take the eager path quietly
         _run(layer, "cpu+compile", "fp32", [4, 3, 1], 3.0, x, c0, h0)
+    # Only that loop: another one still compiles.
+    assert compiled._failed == {"the LSTM's gate epilogue"}
+    assert compiled.usable() and compiled.usable("the highway") and not compiled.usable("the LSTM's gate epilogue")
+    tried = []
+    monkeypatch.setattr(compiled, "_compile", lambda fn: lambda *a: tried.append(fn) or fn(*a))
+    y = torch.randn(4, 3)
+    assert torch.equal(compiled.run(torch.relu, (y,), lambda: 1 / 0, [(y, 0)], "the highway"), torch.relu(y))
+    assert tried == [torch.relu]
 
 
 @pytest.mark.parametrize("clip", [3.0, None])
@@ -156,7 +164,7 @@ def test_compiled_settings_nest_and_give_dynamo_config_back(monkeypatch):
     # Entered once around a layer's loop, the settings hold for the compiled calls inside (which
     # then enter nothing themselves) and give back the caller's config at the end.
     config = torch._dynamo.config
-    monkeypatch.setattr(compiled, "_failed", False)
+    monkeypatch.setattr(compiled, "_failed", set())
     with config.patch(recompile_limit=5, fail_on_recompile_limit_hit=False):
         with compiled.settings():
             assert compiled._in_settings()
@@ -224,7 +232,7 @@ def test_a_failing_training_compile_warns_once_and_trains_eager(monkeypatch):
             raise RuntimeError("InductorError: CppCompileError")
         return fail
     monkeypatch.setattr(compiled, "_compile", broken)
-    monkeypatch.setattr(compiled, "_failed", False)
+    monkeypatch.setattr(compiled, "_failed", set())
     layer = _layer(24, 32, 16)
     x = torch.randn(2, 3, 5, 24, requires_grad=True)
     c0, h0 = torch.zeros(2, 3, 32), torch.zeros(2, 3, 16)
@@ -274,7 +282,7 @@ def test_auto_compiles_only_where_the_work_pays_for_it(monkeypatch, tmp_path):
     monkeypatch.setattr(embed_cmd, "embed_file", lambda model, *a, **k: seen.append(model.long_run) or 1 / 0)
     small = tmp_path / "in.txt"
     small.write_text("a b c\n")
-    for limit, want in ((1 << 20, False), (4, True)):
+    for limit in (1 << 20, 4):
         monkeypatch.setattr(embed_cmd, "COMPILE_MIN_INPUT_BYTES", limit)
         with pytest.raises(ZeroDivisionError):
             main(["embed", str(small), str(tmp_path / "out.hdf5"), "--top", "--precision", "bf16"])

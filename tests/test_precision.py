@@ -146,6 +146,30 @@ def test_bf16_inference_after_a_fused_optimizer_step_uses_the_new_weights():
             torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+def test_a_models_bf16_casts_are_its_own():
+    # Another model's training pass and optimizer step leave this model's cached casts in place
+    # (the cache used to go stale with any training pass in the process); its own step does not.
+    torch.manual_seed(0)
+    mine, other = BiLM(preset("tiny"), precision="bf16").eval(), BiLM(preset("tiny"), precision="bf16")
+    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
+    with torch.no_grad():
+        mine(ids)
+    cached = bf16_cache(mine.layers[0])["joint"]
+    opt = torch.optim.Adam(other.parameters(), lr=0.05, fused=True)
+    sum(layer.sum() for layer in other(ids).layers).backward()
+    opt.step()
+    with torch.no_grad():
+        mine(ids)
+    assert bf16_cache(mine.layers[0])["joint"] is cached
+    opt = torch.optim.Adam(mine.parameters(), lr=0.05, fused=True)
+    mine.train()
+    sum(layer.sum() for layer in mine(ids).layers).backward()
+    opt.step()
+    with torch.no_grad():
+        mine.eval()(ids)
+    assert bf16_cache(mine.layers[0])["joint"] is not cached
+
+
 def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
     # Highway and projection: bf16 weights (cached) and activations, fp32 bias and gates; the
     # same numbers to bf16 accuracy; autograd (training) keeps fp32 tensors.
@@ -391,3 +415,24 @@ def test_linear_adds_its_bias_once_on_every_path():
     with torch.no_grad(), Precision("bf16", "cpu").scope():
         got = linear(layer, x)
     assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1
+
+
+def test_a_model_in_a_second_thread_computes_at_its_precision():
+    # The scope's nesting is per thread: while one thread is inside the model's scope, another
+    # thread's forward still applies bf16 (it used to see the first thread's flag and skip it).
+    import threading
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny"), precision="bf16").eval()
+    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
+    with torch.no_grad():
+        want = model(ids).layers
+    got = []
+    with model.precision_scope():
+        worker = threading.Thread(target=lambda: got.append(torch.no_grad()(model)(ids).layers))
+        worker.start()
+        worker.join()
+    for g, w in zip(got[0], want):
+        assert torch.equal(g, w)
+    model.precision = "fp32"
+    with torch.no_grad():
+        assert not torch.equal(model(ids).layers[2], want[2])

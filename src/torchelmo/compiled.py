@@ -2,7 +2,7 @@
 
 Inductor needs a C++ compiler at run time: where none is found (:func:`compiler_found`), callers
 keep their eager ops, and a compile that fails warns once (:class:`CompileWarning`), after which
-every such loop in the process runs eager.
+that loop (and only that one) runs eager in this process.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ class CompileWarning(UserWarning):
     """``torch.compile`` failed; the eager ops run instead."""
 
 
-_failed = False
+# The loops (by the name run() is given) whose compile failed in this process: they run eager.
+_failed: set[str] = set()
 
 
-def usable() -> bool:
-    """Whether compiled loops run here: a compiler is found and no compile has failed."""
-    return not _failed and compiler_found()
+def usable(what: str | None = None) -> bool:
+    """Whether compiled loops run here (a compiler is found), and, for the loop named ``what``,
+    whether its compile has not failed."""
+    return compiler_found() and what not in _failed
 
 
 # A graph per shape, operand type and path: more than Dynamo's default 8 in a process that runs
@@ -72,9 +74,8 @@ def run(fn: Callable, args: tuple, eager: Callable[[], Any], dynamic: Sequence[t
     """``fn(*args)`` compiled, the ``(tensor, dim)`` sizes in ``dynamic`` left free so that one
     graph serves them all; ``eager()`` where compiled loops cannot run, where one of those sizes
     is below 2 (a dynamic size cannot be 1, and a graph for it would be another compile), and
-    after a compile failed (``what`` names the loop in the warning)."""
-    global _failed
-    if not usable() or any(t.shape[d] < 2 for t, d in dynamic):
+    after this loop's compile failed (``what`` names the loop, in the warning too)."""
+    if not usable(what) or any(t.shape[d] < 2 for t, d in dynamic):
         return eager()
     for t, d in dynamic:
         torch._dynamo.mark_dynamic(t, d)
@@ -84,8 +85,8 @@ def run(fn: Callable, args: tuple, eager: Callable[[], Any], dynamic: Sequence[t
         with settings():
             return _compile(fn)(*args)
     except Exception as e:  # the compiler's errors have no common type
-        _failed = True
+        _failed.add(what)
         warnings.warn(f"torch.compile failed for {what} ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}); eager ops run instead", CompileWarning,
+                      f"{str(e).splitlines()[0] if str(e) else ''}); its eager ops run instead", CompileWarning,
                       stacklevel=3)
         return eager()

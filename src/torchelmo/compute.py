@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 
 from .backend import check_backend
-from .precision import Precision, check_precision, resolve_precision
+from .precision import Precision, active_precision, check_precision, resolve_precision
 
 
 class ComputeSettings:
@@ -21,7 +21,6 @@ class ComputeSettings:
 
     def _init_compute(self, precision: str, backend: str | None) -> None:
         self._resolved: Precision | None = None
-        self._in_scope = False
         self.precision = precision   # settable at any time
         self.backend = backend       # None: the backend module's default; settable at any time
         # Enough work lies ahead to pay for compiling loops: backend auto may compile (see
@@ -59,14 +58,11 @@ class ComputeSettings:
     def precision_scope(self) -> Iterator[Precision]:
         """The one place the model's precision is applied: a biLM's ``forward`` and
         ``run_tokens`` and the language model's loss all run inside it. Nested entries (the LM's
-        loss around ``run_tokens``) apply nothing more."""
+        loss around ``run_tokens``) apply nothing more; the nesting is the calling thread's (the
+        active scope is a context variable), so threads sharing a model each apply it."""
         precision = self.resolved_precision()
-        if self._in_scope:
+        if active_precision() == precision:
             yield precision
             return
-        self._in_scope = True
-        try:
-            with precision.scope():
-                yield precision
-        finally:
-            self._in_scope = False
+        with precision.scope():
+            yield precision

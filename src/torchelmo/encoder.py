@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .chars import PAD_CHAR
 from .compiled import run, usable
 from .config import ElmoConfig
-from .operands import bf16_cached, bf16_operands, bf16_training, linear, mm, note_training, padded_rows, product
+from .operands import bf16_cached, bf16_operands, bf16_training, linear, mm, padded_rows, product
 from .runtime import copy_to
 
 PAD_ID = PAD_CHAR + 1  # shifted id of the padding character
@@ -325,8 +325,6 @@ class CharCNNEncoder(nn.Module):
         # reach past C are invalid for the wider filters and masked.
         emb = torch.cat([self.char_embed(ids), pad_emb.expand(N, w_max - 1, E)], dim=1)  # (N, C + w_max - 1, E)
         pad_win = pad_emb.repeat(1, w_max)                               # (1, w_max * E): an all-padding window
-        if torch.is_grad_enabled() and self.char_embed.weight.requires_grad:
-            note_training()
         trains = torch.is_grad_enabled() and (emb.requires_grad or any(
             p.requires_grad for conv in self.convs for p in (conv.weight, conv.bias)))
         if trains and ids.device.type == "cpu":

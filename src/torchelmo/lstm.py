@@ -32,7 +32,7 @@ from .backend import resolve_backend
 from .bptt import Recurrence
 from .compiled import settings as compiled_settings
 from .epilogue import compiled, compiled_training
-from .operands import bf16_cached, bf16_operands, bf16_training, note_training, padded_rows
+from .operands import bf16_cached, bf16_operands, bf16_training, padded_rows
 
 FORGET_BIAS = 1.0
 
@@ -138,7 +138,6 @@ def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fu
     """:func:`lstm_layer` where gradients are needed: backpropagation through time written out
     (:class:`~torchelmo.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.operands`);
     ``fused``: there, each step's gates forward and backward as compiled loops where they can be."""
-    note_training()
     _, B, T, _ = x.shape
     runs = [n for n in _running_rows(lengths, T) if n > 0]
     if not runs:

@@ -7,7 +7,7 @@ char-CNN, the highway, the token projection and the recurrence therefore multipl
 tensors:
 
 * at inference (:func:`bf16_operands`), each weight is cast once (:func:`bf16_cached`, refreshed
-  when the weight is replaced or changed in place);
+  when the weight is replaced or changed in place, an optimizer's step included);
 * in training (:func:`bf16_training`), each weight is cast once per forward pass, through
   autograd, so that its gradient (computed on bf16 operands too) reaches the fp32 master weight.
 
@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .precision import active_precision
 
@@ -55,41 +56,49 @@ def bf16_training(device_type: str, dtype: torch.dtype) -> bool:
     return torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
 
 
-# module -> {name: (sources, their versions, the training generation, the bf16 tensor)}. Beside
-# the modules, not on them, so that pickling or copying a model never carries the cache; it costs
-# half the cached weights' memory again, and goes with its module.
+# module -> {name: (sources, their versions, the bf16 tensor)}. Beside the modules, not on them,
+# so that pickling or copying a model never carries the cache; it costs half the cached weights'
+# memory again, and goes with its module.
 _CACHE: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
-# Counts forward passes with autograd. PyTorch's fused optimizers change weights in place without
-# bumping their version counters, so a version alone misses an optimizer step; a training pass
-# precedes every such step, and makes every cached cast stale.
-_generation = 0
+# The storages of the weights that some cache holds a cast of: what an optimizer step must mark.
+_CAST_STORAGES: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
-def note_training() -> None:
-    """A forward pass with autograd is running: weights may change before the next inference."""
-    global _generation
-    _generation += 1
+def _mark_stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    # PyTorch's fused optimizers change weights in place without bumping their version counters:
+    # bump those of the weights this optimizer holds that a cache has cast, so that only those
+    # casts are remade (a version bump changes no value).
+    if not _CAST_STORAGES:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.data_ptr() in _CAST_STORAGES:
+                torch.autograd.graph.increment_version(p)
+
+
+register_optimizer_step_post_hook(_mark_stepped)
 
 
 def bf16_cache(owner: nn.Module) -> dict:
     """The cached bf16 tensors of ``owner``, by name (empty before its first bf16 inference)."""
-    return {name: entry[3] for name, entry in _CACHE.get(owner, {}).items()}
+    return {name: entry[2] for name, entry in _CACHE.get(owner, {}).items()}
 
 
 def bf16_cached(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
                 make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``make()`` in bfloat16, cached for ``owner`` under ``name``; remade when a source tensor was
-    replaced or changed in place, or a training pass ran since (:func:`note_training`). The entry
-    holds its sources, so a replaced tensor's memory cannot return under the same address and
-    version."""
+    replaced or changed in place (an optimizer's step included, fused or not). The entry holds its
+    sources, so a replaced tensor's memory cannot return under the same address and version."""
     cache = _CACHE.setdefault(owner, {})
     entry = cache.get(name)
-    if entry is None or entry[2] != _generation or len(entry[0]) != len(sources) or any(
+    if entry is None or len(entry[0]) != len(sources) or any(
             a.data_ptr() != b.data_ptr() or a._version != v for a, b, v in zip(entry[0], sources, entry[1])):
         with torch.no_grad():
-            entry = cache[name] = (tuple(t.detach() for t in sources), tuple(t._version for t in sources),
-                                   _generation, make().detach().to(torch.bfloat16))
-    return entry[3]
+            held = tuple(t.detach() for t in sources)
+            entry = cache[name] = (held, tuple(t._version for t in sources), make().detach().to(torch.bfloat16))
+        for t in held:
+            _CAST_STORAGES[t.data_ptr()] = t
+    return entry[2]
 
 
 def padded_rows(m: int) -> int:
@@ -131,8 +140,6 @@ def product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def _bf16_weight(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    if torch.is_grad_enabled() and layer.weight.requires_grad:
-        note_training()
     if bf16_operands(x.device.type, x.dtype):
         return bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
     if bf16_training(x.device.type, x.dtype):
