@@ -99,3 +99,18 @@ def test_blocks_run_as_written(name, tmp_path, monkeypatch):
         assert ran > 0
     finally:
         torch.set_num_threads(n)
+
+
+def test_the_readme_python_example_compiles_nothing(tmp_path):
+    # Its frozen Elmo under autograd (a task model's training loop) runs the inference path, and
+    # a short job compiles no loop: no graph in a fresh process with an empty compile cache.
+    code = next(code for kind, info, code in _blocks(ROOT / "README.md") if kind == "python" and not info)
+    script = tmp_path / "example.py"
+    script.write_text(code + "\nfrom torch._dynamo.utils import counters\n"
+                      "print('frames', sum(counters['frames'].values()), 'graphs', counters['stats']['unique_graphs'])\n",
+                      encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "frames 0 graphs 0", run.stdout
