@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torchelmo.bilm import BiLM
-from torchelmo.precision import cpu_bf16_support
+from torchelmo.model.bilm import BiLM
+from torchelmo.numerics.precision import cpu_bf16_support
 from torchelmo.probe.conll import read_conllu
 from torchelmo.probe.features import extract
 from torchelmo.probe.pos import ProbeConfig, run_pos

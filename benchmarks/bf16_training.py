@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from torchelmo.precision import cpu_bf16_support
+from torchelmo.numerics.precision import cpu_bf16_support
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "lm" / "ptb"

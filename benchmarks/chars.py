@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchelmo.chars import batch_to_ids, word_to_char_ids
+from torchelmo.model.chars import batch_to_ids, word_to_char_ids
 from torchelmo.probe.conll import read_conllu
 
 UD = Path(__file__).resolve().parents[2] / "shared" / "data" / "pos" / "ud-english-ewt" / "en_ewt-ud-train.conllu"

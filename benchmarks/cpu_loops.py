@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/cpu_loops.py --out results/cpu_loops.json
     .venv/bin/python benchmarks/cpu_loops.py --threads 1 --pairs 2 --tokens 500   # a quick look
 
-* Gate loop: one LSTM step's epilogue (``torchelmo.epilogue``, bf16 products of the small model's
+* Gate loop: one LSTM step's epilogue (``torchelmo.numerics.epilogue``, bf16 products of the small model's
   step, ``(2, rows, 4096)``), compiled with multiply-adds contracted to FMA (``compiled._OPTIONS``)
   and without (Inductor's default).
 * Encoder loops: bf16 embedding of the published small shapes (random weights; UD English EWT
@@ -26,9 +26,11 @@ from pathlib import Path
 import torch
 from cpu_precision import embed_all, machine, sample_batches, spread
 
-from torchelmo import BiLM, compiled, encoder, epilogue, preset
-from torchelmo.chars import batch_to_ids
-from torchelmo.precision import cpu_bf16_support
+from torchelmo import BiLM, preset
+from torchelmo.model import encoder
+from torchelmo.model.chars import batch_to_ids
+from torchelmo.numerics import compiled, epilogue
+from torchelmo.numerics.precision import cpu_bf16_support
 
 
 def best_of(fn, reps: int) -> float:

@@ -38,18 +38,18 @@ import numpy as np
 import torch
 
 from torchelmo import BiLM, preset
-from torchelmo.backend import resolve_backend
-from torchelmo.bilm import Regularisation
-from torchelmo.corpus import Corpus
-from torchelmo.data import StreamBatcher
 from torchelmo.embed import WINDOW_LINES, Batching, embed_batch
-from torchelmo.lm import LanguageModel
-from torchelmo.precision import cpu_bf16_support, resolve_precision, support_line
+from torchelmo.lm.corpus import Corpus
+from torchelmo.lm.data import StreamBatcher
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.model.bilm import Regularisation
+from torchelmo.numerics.backend import resolve_backend
+from torchelmo.numerics.precision import cpu_bf16_support, resolve_precision, support_line
 from torchelmo.probe.conll import read_conllu
 from torchelmo.runtime import cpu_name, keep_heap
 from torchelmo.train import TRAIN_PRESETS, TrainConfig
 from torchelmo.train.trainer import make_optimizer
-from torchelmo.vocab import Vocabulary
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 UD = DATA / "pos" / "ud-english-ewt" / "en_ewt-ud-train.conllu"
@@ -167,7 +167,7 @@ def embedding(models: list[str], batches, repeats: int) -> list[dict]:
 
 
 # Untimed steps first: a training run's steady state, where bf16's padded product shapes
-# (torchelmo.operands) have met their kernels; the first steps compile dozens of them.
+# (torchelmo.numerics.operands) have met their kernels; the first steps compile dozens of them.
 TRAIN_WARMUP = 12
 
 

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from torchelmo import BiLM, preset
-from torchelmo.chars import BOS_IDS, EOS_IDS, word_to_char_ids
 from torchelmo.embed import WINDOW_LINES, Batching, embed_batch, embed_sentences
-from torchelmo.encoder import CharCNNEncoder
+from torchelmo.model.chars import BOS_IDS, EOS_IDS, word_to_char_ids
+from torchelmo.model.encoder import CharCNNEncoder
 from torchelmo.probe.conll import read_conllu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

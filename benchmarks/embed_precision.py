@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from torchelmo import BiLM, preset
-from torchelmo.precision import cpu_bf16_support, support_line
+from torchelmo.numerics.precision import cpu_bf16_support, support_line
 from torchelmo.runtime import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from torchelmo import BiLM, batch_to_ids, preset
-from torchelmo.export import export
+from torchelmo.integrations.onnx import export
 from torchelmo.probe.conll import read_conllu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -35,13 +35,13 @@ import torch
 from torch import nn
 
 from torchelmo import BiLM, preset
-from torchelmo.corpus import Corpus
-from torchelmo.data import StreamBatcher
 from torchelmo.embed import embed_sentences
-from torchelmo.lm import LanguageModel
-from torchelmo.precision import PRECISIONS, precision_context
+from torchelmo.lm.corpus import Corpus
+from torchelmo.lm.data import StreamBatcher
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.numerics.precision import PRECISIONS, precision_context
 from torchelmo.probe.conll import read_conllu
-from torchelmo.vocab import Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = [ROOT.parent / "shared" / "data" / "pos" / "ud-english-ewt" / "en_ewt-ud-train.conllu",

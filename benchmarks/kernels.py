@@ -1,7 +1,7 @@
 """The fused kernels compiled for real GPU targets, on any machine: the compiler's resource report.
 
 Triton compiles ahead of time for a named target without a GPU, with the ``ptxas`` and
-``cuobjdump`` its wheel ships. For every launch shape :func:`torchelmo.fused_tiles.launch_tiles` picks
+``cuobjdump`` its wheel ships. For every launch shape :func:`torchelmo.numerics.fused_tiles.launch_tiles` picks
 (the published model shapes at several batch sizes) and every precision, this prints and records
 registers per thread, local-memory (spill) bytes, shared memory, and the matrix instructions in
 the machine code: ``HGMMA`` (Hopper's warpgroup tensor-core MMA), ``HMMA`` (tensor-core MMA), or
@@ -34,7 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from torchelmo import fused, fused_tiles
+from torchelmo.numerics import fused, fused_tiles
 
 SHAPES = {"small": (1024, 128), "original": (4096, 512)}     # LSTM units, projection
 SMS = {80: 108, 86: 84, 89: 128, 90: 132}                     # A100, RTX 3090, RTX 4090, H100/H200
@@ -61,7 +61,7 @@ def _signature(fn, constexprs: dict) -> dict:
 def compile_report(fn, constexprs: dict, warps: int, cc: int) -> dict:
     """Compile one kernel for compute capability ``cc``; its resources and matrix instructions."""
     src = ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
-    # FMA contraction as torchelmo.fused launches them.
+    # FMA contraction as torchelmo.numerics.fused launches them.
     options = {"num_warps": warps, "enable_fp_fusion": True}
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from torchelmo import BiLM, batch_to_ids
-from torchelmo.precision import PRECISIONS
+from torchelmo.numerics.precision import PRECISIONS
 from torchelmo.probe.conll import read_conllu
 
 UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "pos" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"

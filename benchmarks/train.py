@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from torchelmo.bilm import Regularisation
-from torchelmo.corpus import Corpus
-from torchelmo.data import StreamBatcher
-from torchelmo.lm import LanguageModel
-from torchelmo.softmax import SampledSoftmax
+from torchelmo.lm.corpus import Corpus
+from torchelmo.lm.data import StreamBatcher
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.softmax import SampledSoftmax
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.model.bilm import Regularisation
 from torchelmo.train import TRAIN_PRESETS
-from torchelmo.vocab import Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 

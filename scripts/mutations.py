@@ -74,26 +74,26 @@ class Mutation:
 MUTATIONS = [
     # -- fileio.py: atomic outputs ------------------------------------------------------------
     Mutation(
-        "atomic-writes-in-place", "src/torchelmo/fileio.py",
+        "atomic-writes-in-place", "src/torchelmo/io/fileio.py",
         "atomic_path hands out the final name: a failure leaves a partial file there (and removes the previous one)",
         "    try:\n        yield tmp_path\n",
         "    try:\n        tmp_path.unlink()\n        tmp_path = path\n        yield tmp_path\n",
         (FAILED_EMBED,)),
     Mutation(
-        "atomic-keeps-temporary-on-failure", "src/torchelmo/fileio.py",
+        "atomic-keeps-temporary-on-failure", "src/torchelmo/io/fileio.py",
         "atomic_path leaves its temporary file behind when the work fails",
         "    except BaseException:\n        tmp_path.unlink(missing_ok=True)\n        raise\n",
         "    except BaseException:\n        raise\n",
         (FAILED_EMBED,)),
     Mutation(
-        "atomic-skips-directory-check", "src/torchelmo/fileio.py",
+        "atomic-skips-directory-check", "src/torchelmo/io/fileio.py",
         "atomic_path does not refuse a directory before the work: the error comes only at the rename",
         '    path = Path(path)\n    if path.is_dir():\n        raise ElmoError(f"{path}: is a directory; give a file name to write")\n'
         "    try:\n",
         "    path = Path(path)\n    try:\n",
         (f"{R1}::test_read_only_place_and_directory_output_fail_before_any_work",)),
     Mutation(
-        "atomic-no-fsync", "src/torchelmo/fileio.py",
+        "atomic-no-fsync", "src/torchelmo/io/fileio.py",
         "atomic_path renames its temporary file without fsyncing it first",
         '            with open(tmp_path, "rb") as f:\n                os.fsync(f.fileno())\n',
         "",
@@ -104,13 +104,13 @@ MUTATIONS = [
             "cutting the machine's power (or a fault-injecting block device) can tell the mutant apart; a "
             "test that mocks os.fsync and asserts the call would check the code's text, not its behaviour")),
     Mutation(
-        "atomic-no-relock", "src/torchelmo/fileio.py",
+        "atomic-no-relock", "src/torchelmo/io/fileio.py",
         "a temporary file that its writer replaced (safetensors does) is renamed into place without the writer's lock",
         "            fd = _relock(tmp_path, fd)\n",
         "",
         (SWEEP_LOCK, f"{R3}::test_the_writers_lock_covers_a_temporary_file_the_writer_replaced")),
     Mutation(
-        "guarded-writer-reraises", "src/torchelmo/fileio.py",
+        "guarded-writer-reraises", "src/torchelmo/io/fileio.py",
         "GuardedWriter re-raises a failed write into HDF5, which cannot take one",
         "            except OSError as e:\n                self.error = e\n        return memoryview(data).nbytes\n",
         "            except OSError as e:\n                self.error = e\n                raise\n"
@@ -118,44 +118,44 @@ MUTATIONS = [
         (FULL_DISK_EMBED, f"{R3}::test_a_full_disk_stops_embedding_at_once")),
     # -- fileio.py: the stale-temporary sweep -----------------------------------------------------
     Mutation(
-        "sweep-ignores-the-writers-lock", "src/torchelmo/fileio.py",
+        "sweep-ignores-the-writers-lock", "src/torchelmo/io/fileio.py",
         "the sweep judges a temporary file by host and PID alone, removing a live writer's in another PID namespace",
         "        if lock_file(fd) is False:",
         "        if False:",
         (SWEEP_LOCK,)),
     Mutation(
-        "sweep-ignores-the-pid", "src/torchelmo/fileio.py",
+        "sweep-ignores-the-pid", "src/torchelmo/io/fileio.py",
         "the sweep removes an unlocked temporary file whose writer (an older version's) is still running",
         "        if _pid_running(pid):",
         "        if False:",
         (STALE,)),
     Mutation(
-        "sweep-touches-other-hosts", "src/torchelmo/fileio.py",
+        "sweep-touches-other-hosts", "src/torchelmo/io/fileio.py",
         "the sweep removes temporary files of other hosts",
         "if parts[0] == host and p.is_file()",
         "if p.is_file()",
         (STALE,)),
     Mutation(
-        "sweep-removes-fresh-legacy-files", "src/torchelmo/fileio.py",
+        "sweep-removes-fresh-legacy-files", "src/torchelmo/io/fileio.py",
         "the sweep removes old-style temporary files without waiting an hour",
         "len(parts) == 1 and time.time() - p.stat().st_mtime > LEGACY_STALE_SECONDS and p.is_file()",
         "len(parts) == 1 and p.is_file()",
         (STALE,)),
     Mutation(
-        "sweep-never-runs", "src/torchelmo/fileio.py",
+        "sweep-never-runs", "src/torchelmo/io/fileio.py",
         "a temporary file left by a killed writer is never removed by the next write of its name",
         "        remove_stale_temporaries(path)\n",
         "",
         (STALE,)),
     # -- fileio.py: destinations checked before the work ------------------------------------------
     Mutation(
-        "destination-permission-unchecked", "src/torchelmo/fileio.py",
+        "destination-permission-unchecked", "src/torchelmo/io/fileio.py",
         "check_destination does not refuse a place without write permission",
         "    if not os.access(place, os.W_OK | os.X_OK):",
         "    if False:",
         (DESTINATION,)),
     Mutation(
-        "destination-read-only-unchecked", "src/torchelmo/fileio.py",
+        "destination-read-only-unchecked", "src/torchelmo/io/fileio.py",
         "check_destination does not refuse a read-only file system",
         "    if read_only:\n",
         "    if False:\n",
@@ -194,62 +194,62 @@ MUTATIONS = [
          f"{R3}::test_a_signal_while_the_interpreter_shuts_down_changes_no_status")),
     # -- download.py ---------------------------------------------------------------------------
     Mutation(
-        "entry-without-record-trusted", "src/torchelmo/download.py",
+        "entry-without-record-trusted", "src/torchelmo/io/download.py",
         "a cached file without its digest record is used as it stands",
         "    return want is not None and _sha256(target) == want\n",
         "    return want is None or _sha256(target) == want\n",
         (NO_RECORD,)),
     Mutation(
-        "pin-ignored-on-use", "src/torchelmo/download.py",
+        "pin-ignored-on-use", "src/torchelmo/io/download.py",
         "a cache entry is trusted by its record even where a digest is pinned",
         "    want = sha256 or (digest_file",
         "    want = (digest_file",
         (NO_RECORD, "tests/test_weights.py::test_download_cache_offline_checksum",
          f"{R3}::test_a_pinned_digest_outranks_a_rewritten_record")),
     Mutation(
-        "html-body-accepted", "src/torchelmo/download.py",
+        "html-body-accepted", "src/torchelmo/io/download.py",
         "an HTML page sent with status 200 is cached as the file",
         '    if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")):\n',
         "    if False:\n",
         (CALLER_CHECK,)),
     Mutation(
-        "empty-body-accepted", "src/torchelmo/download.py",
+        "empty-body-accepted", "src/torchelmo/io/download.py",
         "an empty download is cached",
         "    if not head:\n",
         "    if False:\n",
         (CALLER_CHECK,)),
     Mutation(
-        "content-length-mismatch-accepted", "src/torchelmo/download.py",
+        "content-length-mismatch-accepted", "src/torchelmo/io/download.py",
         "a body shorter than its Content-Length is accepted",
         "    if expected is not None and got != expected:\n",
         "    if False:\n",
         (f"{R1}::test_a_cut_off_download_is_never_cached",)),
     Mutation(
-        "pinned-sha256-ignored", "src/torchelmo/download.py",
+        "pinned-sha256-ignored", "src/torchelmo/io/download.py",
         "a download that does not match its pinned SHA-256 is cached",
         '            if sha256 is not None and got != sha256:\n                raise ElmoError(f"{s}: checksum mismatch',
         '            if False:\n                raise ElmoError(f"{s}: checksum mismatch',
         (f"{R1}::test_cache_entries_are_checked_on_use",)),
     Mutation(
-        "no-deadline", "src/torchelmo/download.py",
+        "no-deadline", "src/torchelmo/io/download.py",
         "a download has no deadline: a server trickling bytes holds it for ever",
         "    with _Watchdog(deadline) as watch:\n",
         "    with _Watchdog(1e9) as watch:\n",
         (f"{R2}::test_a_download_ends_within_its_deadline[/slow-headers]",)),
     Mutation(
-        "announced-size-unchecked", "src/torchelmo/download.py",
+        "announced-size-unchecked", "src/torchelmo/io/download.py",
         "a Content-Length over the size limit is not refused before the body is read",
         "                if expected is not None and expected > max_bytes:\n",
         "                if False:\n",
         (f"{R2}::test_a_download_has_a_size_limit",)),
     Mutation(
-        "size-limit-doubled", "src/torchelmo/download.py",
+        "size-limit-doubled", "src/torchelmo/io/download.py",
         "a body without Content-Length may grow to twice the size limit",
         "                        if got > max_bytes:\n",
         "                        if got > 2 * max_bytes:\n",
         (f"{R2}::test_a_download_has_a_size_limit", f"{R3}::test_the_size_limit_is_exact")),
     Mutation(
-        "redirect-to-any-scheme", "src/torchelmo/download.py",
+        "redirect-to-any-scheme", "src/torchelmo/io/download.py",
         "redirects to schemes other than http(s) are followed (urllib alone follows ftp:)",
         '        if scheme not in ("http", "https"):\n',
         "        if False:\n",
@@ -281,19 +281,19 @@ MUTATIONS = [
         ("tests/test_average.py::test_keep_checkpoints_keeps_the_last_n",)),
     # -- export.py -------------------------------------------------------------------------------
     Mutation(
-        "export-written-in-place", "src/torchelmo/export.py",
+        "export-written-in-place", "src/torchelmo/integrations/onnx.py",
         "export writes OUT in place: a failed verification or an interrupt destroys the previous export",
         "    with atomic_path(out) as tmp:\n        bilm = model",
         '    with __import__("contextlib").nullcontext(Path(out)) as tmp:\n        bilm = model',
         (EXPORT_WHOLE,)),
     Mutation(
-        "export-verification-skipped", "src/torchelmo/export.py",
+        "export-verification-skipped", "src/torchelmo/integrations/onnx.py",
         "an export that differs from the eager model is installed anyway",
         "        if not diff <= 1e-4:\n",
         "        if False:\n",
         (EXPORT_WHOLE,)),
     Mutation(
-        "export-destination-checked-after-load", "src/torchelmo/export.py",
+        "export-destination-checked-after-load", "src/torchelmo/integrations/onnx.py",
         "export loads the model before finding that OUT is a directory",
         "    with atomic_path(out) as tmp:\n        bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)\n",
         "    bilm = model if isinstance(model, BiLM) else BiLM.from_pretrained(model)\n    with atomic_path(out) as tmp:\n",
@@ -357,7 +357,7 @@ MUTATIONS = [
 # The isolation check: a syntax error in the copy must fail the tests, which proves that the
 # copy's src/ is what they import (not the checkout's src/ through the editable install).
 ISOLATION = Mutation(
-    "isolation-check", "src/torchelmo/fileio.py",
+    "isolation-check", "src/torchelmo/io/fileio.py",
     "a deliberate syntax error: must fail, else the tests import some other copy of torchelmo",
     "def _host() -> str:\n", "def _host() -> str:\n    ) not python (\n",
     (f"{R2}::test_resume_drops_the_metrics_logged_after_the_checkpoint",))

@@ -122,7 +122,7 @@ def machine(threads: int) -> str:
 def score(phases: list[tuple[str, Path, dict]], test: Path, threads: int) -> dict:
     import torch
 
-    from torchelmo.lm import LanguageModel
+    from torchelmo.lm.model import LanguageModel
 
     torch.set_num_threads(threads)
     cfg = phases[-1][2]

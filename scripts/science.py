@@ -111,7 +111,7 @@ def prepare(cfg: dict) -> None:
 def machine(threads: int | None) -> str:
     import torch
 
-    from torchelmo.precision import cpu_bf16_support
+    from torchelmo.numerics.precision import cpu_bf16_support
     from torchelmo.runtime import cpu_name
     return (f"{os.cpu_count()}-core {cpu_name()} (bf16: {cpu_bf16_support()}), torch {torch.__version__.split('+')[0]}, "
             f"{threads or 'default'} threads")

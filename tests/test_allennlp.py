@@ -1,4 +1,4 @@
-"""torchelmo.allennlp: AllenNLP's Elmo and ElmoEmbedder, same numbers as AllenNLP and as the native API."""
+"""torchelmo.integrations.allennlp: AllenNLP's Elmo and ElmoEmbedder, same numbers as AllenNLP and as the native API."""
 
 import io
 import json
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import torchelmo.allennlp as A
+import torchelmo.integrations.allennlp as A
 from torchelmo import BiLM, ElmoError, batch_to_ids, preset
 from torchelmo import Elmo as NativeElmo
-from torchelmo.allennlp import Elmo, ElmoEmbedder
+from torchelmo.integrations.allennlp import Elmo, ElmoEmbedder
 
 TOP_ONLY = [-9e9, -9e9, 0.0]     # softmax -> exactly [0, 0, 1]: the mix is the top layer
 
@@ -140,7 +140,7 @@ def test_elmo_arguments(exported, fixture_files):
         Elmo(opts, weights, 1, module=bilm)
     with pytest.raises(ElmoError, match="are required"):
         Elmo(opts, None, 1)
-    with pytest.raises(ElmoError, match="torchelmo.allennlp.Elmo"):
+    with pytest.raises(ElmoError, match="torchelmo.integrations.allennlp.Elmo"):
         NativeElmo(opts, weights, 1)
 
 

@@ -94,7 +94,7 @@ def test_output_records_model_and_layers(tmp_path, model_args, allennlp_dir):
 
 
 def test_allennlp_mode_gives_the_drop_ins_numbers(tmp_path, model_args, allennlp_dir, capsys):
-    from torchelmo.allennlp import ElmoEmbedder
+    from torchelmo.integrations.allennlp import ElmoEmbedder
     # 130 lines: three batches of AllenNLP's 64, so the carried state matters from line 64 on.
     lines = [" ".join(f"w{(7 * i + j) % 23}" for j in range(1 + i % 9)) for i in range(130)]
     rc, ours = _run(tmp_path, lines, model_args, "--allennlp", name="allennlp.hdf5")

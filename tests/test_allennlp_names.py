@@ -1,4 +1,4 @@
-"""torchelmo.allennlp's other AllenNLP names (_ElmoBiLm, _ElmoCharacterEncoder, ScalarMix,
+"""torchelmo.integrations.allennlp's other AllenNLP names (_ElmoBiLm, _ElmoCharacterEncoder, ScalarMix,
 ElmoTokenEmbedder, the ELMo character indexer) and checkpoints in AllenNLP's layout.
 
 There is no AllenNLP here: AllenNLP-keyed state dicts are built from the published HDF5 file by
@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import torchelmo.allennlp as A
+import torchelmo.integrations.allennlp as A
 from torchelmo import BiLM, ElmoError, batch_to_ids, preset, word_to_char_ids
 from torchelmo import Elmo as NativeElmo
-from torchelmo.allennlp import (
+from torchelmo.integrations.allennlp import (
     Elmo,
     ELMoCharacterMapper,
     ELMoTokenCharactersIndexer,
@@ -32,7 +32,7 @@ from torchelmo.allennlp import (
     _ElmoBiLm,
     _ElmoCharacterEncoder,
 )
-from torchelmo.chars import BOS_IDS, EOS_IDS
+from torchelmo.model.chars import BOS_IDS, EOS_IDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import shared_path
-from torchelmo.average import average, load_lm
 from torchelmo.cli import main
-from torchelmo.lm import LanguageModel
+from torchelmo.lm.model import LanguageModel
 from torchelmo.train import TrainConfig, train
+from torchelmo.train.average import average, load_lm
 
 
 @pytest.fixture(scope="module")

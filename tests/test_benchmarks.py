@@ -21,6 +21,7 @@ QUICK = {
     "cpu_precision.py": ["--threads", "1", "--models", "default", "--tokens", "200", "--repeats", "1",
                          "--train-steps", "1", "--train-batch", "4", "--train-softmax", "adaptive",
                          "--no-emulate", "--no-matmuls", "--out", "{json}"],
+    "embed_precision.py": ["--models", "readme", "--rounds", "1", "--precisions", "fp32,bf16", "--out", "{json}"],
     "cpu_loops.py": ["--threads", "1", "--pairs", "1", "--tokens", "200", "--rows", "16", "--out", "{json}"],
     "bf16_training.py": ["--steps", "2", "--eval-every", "2", "--valid-lines", "20", "--threads", "1",
                          "--out", "{json}"],

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
-from torchelmo.lstm import lstm_reference
+from torchelmo.numerics.lstm import lstm_reference
 
 
 def _random_sentences(n, seed=0, max_len=15):
@@ -185,7 +185,8 @@ def test_a_frozen_bilm_under_autograd_runs_the_inference_path(monkeypatch):
     # Elmo keeps its biLM frozen while the task model trains with autograd on: the biLM's outputs
     # need no gradient path, so no graph is kept, no training path (nor any of its compiled
     # loops) runs, and the numbers are the no-grad ones, bit for bit.
-    from torchelmo import compiled, encoder
+    from torchelmo.model import encoder
+    from torchelmo.numerics import compiled
     bilm = _tiny_random().requires_grad_(False)
     ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
     with torch.no_grad():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from torchelmo import ElmoError, batch_to_ids, word_to_char_ids
-from torchelmo.chars import BOS_IDS, EOS_IDS
+from torchelmo.model.chars import BOS_IDS, EOS_IDS
 
 
 def test_published_example():

@@ -6,12 +6,12 @@ import warnings
 import pytest
 import torch
 
-from torchelmo.chars import word_to_char_ids
-from torchelmo.corpus import Corpus, expand_files
-from torchelmo.data import SentenceBatcher, StreamBatcher, make_batch, sentences_batch
-from torchelmo.encoder import PAD_ID
 from torchelmo.errors import ElmoError
-from torchelmo.vocab import Vocabulary
+from torchelmo.lm.corpus import Corpus, expand_files
+from torchelmo.lm.data import SentenceBatcher, StreamBatcher, make_batch, sentences_batch
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.model.chars import word_to_char_ids
+from torchelmo.model.encoder import PAD_ID
 
 
 def write(path, lines):

@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT
 from torchelmo import BiLM, batch_to_ids
 from torchelmo.cli import main
-from torchelmo.registry import default_model_dir
+from torchelmo.model.registry import default_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,7 +26,7 @@ from torchelmo.embed import (
     iter_embed_file,
     merge_shards,
 )
-from torchelmo.lstm import lstm_reference
+from torchelmo.numerics.lstm import lstm_reference
 
 # Same sentence, different batch mates: float32 matmuls round differently for different batch
 # sizes, a few ulps of values up to ~4 (layers with skip connections).

@@ -5,9 +5,10 @@ import functools
 import pytest
 import torch
 
-from torchelmo import BiLM, ElmoConfig, batch_to_ids, compiled
-from torchelmo import encoder as E_
-from torchelmo.encoder import Highway, plan_tokens
+from torchelmo import BiLM, ElmoConfig, batch_to_ids
+from torchelmo.model import encoder as E_
+from torchelmo.model.encoder import Highway, plan_tokens
+from torchelmo.numerics import compiled
 
 CFG = dict(lstm_dim=8, projection_dim=4, char_embed_dim=3, n_highway=1,
            filters=[[1, 3], [2, 3], [3, 4], [5, 4], [7, 5]])

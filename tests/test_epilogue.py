@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 
-from torchelmo import backend as B
-from torchelmo import compiled, epilogue
-from torchelmo import lstm as L
 from torchelmo.errors import ElmoError
-from torchelmo.precision import resolve_precision
+from torchelmo.numerics import backend as B
+from torchelmo.numerics import compiled, epilogue
+from torchelmo.numerics import lstm as L
+from torchelmo.numerics.precision import resolve_precision
 
 needs_compiler = pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 
@@ -250,9 +250,9 @@ def test_auto_compiles_only_where_the_work_pays_for_it(monkeypatch, tmp_path):
     # compiled loop at all (recurrence, highway or max-pool); a long run (elmo train's
     # validations, elmo probe, elmo embed of a large input) compiles them.
     from torchelmo import BiLM, ElmoConfig, batch_to_ids
-    from torchelmo import encoder as enc_mod
     from torchelmo.cli import main
     from torchelmo.commands import embed as embed_cmd
+    from torchelmo.model import encoder as enc_mod
     monkeypatch.setattr(B, "triton_installed", lambda: False)
     monkeypatch.setattr(B, "compiler_found", lambda: True)
     monkeypatch.setattr(compiled, "compiler_found", lambda: True)

@@ -13,7 +13,7 @@ import torch
 
 from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
 from torchelmo.cli import main
-from torchelmo.export import export, exportable
+from torchelmo.integrations.onnx import export, exportable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,7 +133,7 @@ def test_export_leaves_the_model_as_it_was(tmp_path):
 
 
 def test_export_writes_out_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
-    import torchelmo.export as E
+    import torchelmo.integrations.onnx as E
     bilm = _tiny_random(seed=3)
     out = tmp_path / "m.pt"
     out.write_bytes(b"the previous export")
@@ -176,7 +176,7 @@ def test_export_writes_out_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
 
 
 def test_onnx_without_the_export_extra_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    import torchelmo.export as E
+    import torchelmo.integrations.onnx as E
     monkeypatch.setattr(E, "_has", lambda module: module != "onnx")
     monkeypatch.setattr(E.BiLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded the model first"))
     assert main(["export", "default", str(tmp_path / "m.onnx")]) == 1

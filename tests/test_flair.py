@@ -1,5 +1,5 @@
 """flair's ELMoEmbeddings, unmodified, on the drop-in registered as ``allennlp``
-(torchelmo.allennlp.register_as_allennlp), against torchelmo's own numbers."""
+(torchelmo.integrations.allennlp.register_as_allennlp), against torchelmo's own numbers."""
 
 import io
 import subprocess
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from torchelmo import ElmoError
-from torchelmo.allennlp import ElmoEmbedder, register_as_allennlp
-from torchelmo.allennlp.alias import is_registered
-from torchelmo.download import cached_path, seed_cache
-from torchelmo.registry import ALIASES, REGISTRY
+from torchelmo.integrations.allennlp import ElmoEmbedder, register_as_allennlp
+from torchelmo.integrations.allennlp.alias import is_registered
+from torchelmo.io.download import cached_path, seed_cache
+from torchelmo.model.registry import ALIASES, REGISTRY
 
 pytest.importorskip("flair", reason="flair (CI installs it through the test extra)")
 
@@ -55,7 +55,7 @@ def test_the_alias_holds_allennlps_names(alias):
     import allennlp.modules.scalar_mix
     from allennlp.modules.token_embedders import ElmoTokenEmbedder
 
-    from torchelmo import allennlp as drop_in
+    from torchelmo.integrations import allennlp as drop_in
     assert allennlp.commands.elmo.ElmoEmbedder is drop_in.ElmoEmbedder
     assert allennlp.commands.elmo.DEFAULT_OPTIONS_FILE == REGISTRY[ALIASES["original"]]["options"]
     assert allennlp.commands.elmo.DEFAULT_WEIGHT_FILE.endswith("elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5")
@@ -68,10 +68,10 @@ def test_the_alias_holds_allennlps_names(alias):
 def test_not_registered_on_import_and_never_over_the_real_allennlp(tmp_path):
     (tmp_path / "allennlp").mkdir()
     (tmp_path / "allennlp" / "__init__.py").write_text("REAL = True\n")
-    code = ("import sys, torchelmo, torchelmo.allennlp, torchelmo.cli\n"
+    code = ("import sys, torchelmo, torchelmo.integrations.allennlp, torchelmo.cli\n"
             "assert 'allennlp' not in sys.modules\n"
             f"sys.path.insert(0, {str(tmp_path)!r})\n"
-            "assert torchelmo.allennlp.register_as_allennlp() is False\n"
+            "assert torchelmo.integrations.allennlp.register_as_allennlp() is False\n"
             "import allennlp\n"
             "assert allennlp.REAL and not hasattr(allennlp, 'commands')\n"
             "print('ok')\n")

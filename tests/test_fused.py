@@ -16,15 +16,12 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from torchelmo import (  # noqa: E402
-    BiLM,
-    backend,  # noqa: E402
-    batch_to_ids,
-)
-from torchelmo import fused as F  # noqa: E402
-from torchelmo.config import ElmoConfig  # noqa: E402
+from torchelmo import BiLM, batch_to_ids
 from torchelmo.errors import ElmoError  # noqa: E402
-from torchelmo.lstm import BiLstmLayer, lstm_layer, lstm_layer_autograd  # noqa: E402
+from torchelmo.model.config import ElmoConfig  # noqa: E402
+from torchelmo.numerics import backend
+from torchelmo.numerics import fused as F  # noqa: E402
+from torchelmo.numerics.lstm import BiLstmLayer, lstm_layer, lstm_layer_autograd  # noqa: E402
 
 DEVICES = ["cpu"] if not HAS_CUDA else ["cuda"]
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -172,7 +169,7 @@ def test_inference_keeps_nothing_for_backward(monkeypatch):
 
 @needs_cuda
 def test_cuda_graphs_replay_equals_eager(monkeypatch):
-    from torchelmo import graphs
+    from torchelmo.numerics import graphs
 
     torch.manual_seed(0)
     config = {**_tiny(), "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0}
@@ -211,7 +208,7 @@ def test_cuda_graphs_replay_equals_eager(monkeypatch):
 
 
 def test_cuda_graphs_stay_off_where_they_cannot_apply():
-    from torchelmo import graphs
+    from torchelmo.numerics import graphs
 
     x = torch.zeros(2, 1, 1, 4)
     assert not graphs.replayable(x)                    # not on CUDA
@@ -227,7 +224,7 @@ def test_cuda_graphs_stay_off_where_they_cannot_apply():
 def test_padded_rows_and_steps_change_nothing():
     # What CUDA graphs rely on to bucket shapes: rows of length 0 and steps past every length,
     # whatever their inputs hold, leave the real rows' outputs and states as they were.
-    from torchelmo.fused import lstm_layer_fused
+    from torchelmo.numerics.fused import lstm_layer_fused
 
     layer = _layer()
     lengths, T = [5, 3, 1], 5

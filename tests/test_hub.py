@@ -11,11 +11,12 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids, hub
-from torchelmo import registry as R
+from torchelmo import BiLM, ElmoConfig, ElmoError, batch_to_ids
 from torchelmo.cli import main
-from torchelmo.lm import LanguageModel
-from torchelmo.vocab import Vocabulary
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.model import hub
+from torchelmo.model import registry as R
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

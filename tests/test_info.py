@@ -8,7 +8,7 @@ from conftest import ROOT
 from torchelmo import BiLM
 from torchelmo.cli import main
 from torchelmo.commands.info import DEFAULT_MODEL_FACTS, default_model_line
-from torchelmo.registry import ALIASES, REGISTRY
+from torchelmo.model.registry import ALIASES, REGISTRY
 
 
 def _card():

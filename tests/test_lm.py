@@ -7,12 +7,10 @@ import pytest
 import torch
 
 from torchelmo import BiLM
-from torchelmo.bilm import Regularisation
-from torchelmo.config import preset
-from torchelmo.data import sentences_batch
 from torchelmo.errors import ElmoError
-from torchelmo.lm import LanguageModel
-from torchelmo.softmax import (
+from torchelmo.lm.data import sentences_batch
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.softmax import (
     AdaptiveSoftmax,
     FullSoftmax,
     SampledSoftmax,
@@ -21,7 +19,9 @@ from torchelmo.softmax import (
     make_softmax,
     sample_log_uniform,
 )
-from torchelmo.vocab import Vocabulary
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.model.bilm import Regularisation
+from torchelmo.model.config import preset
 
 WORDS = "the cat sat on a mat and dog ran far away".split()
 SENTS = [["the", "cat", "sat"], ["a", "dog", "ran", "far", "away", "zebra"], ["on"], ["the", "mat"]]
@@ -98,7 +98,7 @@ def test_adaptive_softmax_normalised():
 
 @pytest.mark.parametrize("vocab,cutoffs", [(100, [10, 40]), (5000, None), (12, [3, 6, 9])])
 def test_adaptive_nll_is_torchs_with_its_gradients(vocab, cutoffs):
-    # The training loss computes its products through torchelmo.operands (bf16 operands under
+    # The training loss computes its products through torchelmo.numerics.operands (bf16 operands under
     # bf16); in fp32 it is nn.AdaptiveLogSoftmaxWithLoss's, value and gradients, to the bit.
     torch.manual_seed(3)
     sm = AdaptiveSoftmax(vocab, 16, cutoffs)

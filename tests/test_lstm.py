@@ -4,9 +4,9 @@ the slow reference; the end-to-end and fixture comparisons are in test_embed and
 import pytest
 import torch
 
-import torchelmo.lstm as L
-from torchelmo.bilm import reverse_padded
-from torchelmo.lstm import BiLstmLayer, lstm_layer, lstm_reference
+import torchelmo.numerics.lstm as L
+from torchelmo.model.bilm import reverse_padded
+from torchelmo.numerics.lstm import BiLstmLayer, lstm_layer, lstm_reference
 
 
 @pytest.mark.parametrize("joint_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])
@@ -57,8 +57,8 @@ def test_autograd_path_equals_inference_path():
 
 
 def test_backend_table_picks_each_path(monkeypatch):
-    from torchelmo import backend as B
     from torchelmo.errors import ElmoError
+    from torchelmo.numerics import backend as B
 
     monkeypatch.setattr(B, "triton_installed", lambda: True)
     assert B.resolve_backend("auto", "cpu", 5, 4, 16) == "cpu"
@@ -98,7 +98,7 @@ def test_training_recurrence_gradients_by_finite_differences(clips):
     """The hand-written backpropagation through time (bptt.Recurrence) against central finite
     differences, float64: every input, with rows that end early, steps after the last run, a
     nonzero initial state and clips that bind."""
-    from torchelmo.bptt import Recurrence
+    from torchelmo.numerics.bptt import Recurrence
     torch.manual_seed(3)
     B, T, I, D, P = 4, 6, 3, 4, 3
     args = [torch.randn(2, B, T, I), torch.randn(2, B, D), torch.randn(2, B, P), torch.randn(2, I, 4 * D),

@@ -1,4 +1,4 @@
-"""ELMoForManyLangs model directories on torchelmo: ``torchelmo.manylangs.Embedder`` gives what
+"""ELMoForManyLangs model directories on torchelmo: ``torchelmo.integrations.manylangs.Embedder`` gives what
 ``elmoformanylangs.Embedder`` gives. The models are small random ones that ELMoForManyLangs' own
 classes build, saved as its training code saves them (no download)."""
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from torchelmo import ElmoConfig, ElmoError
-from torchelmo.manylangs import Embedder, ManyLangsBiLM
-from torchelmo.manylangs.files import BUNDLED_CONFIGS
+from torchelmo.integrations.manylangs import Embedder, ManyLangsBiLM
+from torchelmo.integrations.manylangs.files import BUNDLED_CONFIGS
 
 elmoformanylangs = pytest.importorskip("elmoformanylangs", reason="ELMoForManyLangs (pip install elmoformanylangs) "
                                                                   "gives the reference outputs")

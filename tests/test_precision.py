@@ -16,13 +16,13 @@ import torch
 
 from conftest import base_config
 from torchelmo import BiLM, batch_to_ids, preset
-from torchelmo import precision as precision_mod
 from torchelmo.cli import main
-from torchelmo.compiled import compiler_found
-from torchelmo.lm import LanguageModel
-from torchelmo.lstm import BiLstmLayer, lstm_layer
-from torchelmo.operands import bf16_cache, linear, mm, padded_rows
-from torchelmo.precision import Precision, resolve_precision
+from torchelmo.lm.model import LanguageModel
+from torchelmo.numerics import precision as precision_mod
+from torchelmo.numerics.compiled import compiler_found
+from torchelmo.numerics.lstm import BiLstmLayer, lstm_layer
+from torchelmo.numerics.operands import bf16_cache, linear, mm, padded_rows
+from torchelmo.numerics.precision import Precision, resolve_precision
 from torchelmo.train import train
 
 BF16_UNITS = precision_mod.cpu_bf16_support() != "none"   # AMX or AVX512-BF16
@@ -389,8 +389,8 @@ def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     script = tmp_path / "rows.py"
     script.write_text(
         "import torch\n"
-        "from torchelmo.operands import linear\n"
-        "from torchelmo.precision import resolve_precision\n"
+        "from torchelmo.numerics.operands import linear\n"
+        "from torchelmo.numerics.precision import resolve_precision\n"
         "layer = torch.nn.Linear(64, 256)\n"
         "with torch.no_grad(), resolve_precision('bf16', 'cpu').scope():\n"
         "    for m in range(1025, 1089):\n"

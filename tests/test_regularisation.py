@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from conftest import base_config
 from torchelmo import BiLM, ElmoConfig
-from torchelmo.bilm import Regularisation, sequence_dropout
 from torchelmo.errors import ElmoError
-from torchelmo.lm import LanguageModel
+from torchelmo.lm.model import LanguageModel
+from torchelmo.model.bilm import Regularisation, sequence_dropout
 from torchelmo.train import CHECKPOINT_NAME, TrainConfig, lm_from_checkpoint, load_checkpoint, train
 
 

@@ -290,7 +290,7 @@ def _cache_files(cache: Path) -> list[str]:
 
 
 def test_a_cut_off_download_is_never_cached(tmp_path, server):
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, routes = server
     _, weights = _tiny_published(tmp_path)
     body = weights.read_bytes()
@@ -310,7 +310,7 @@ def test_a_cut_off_download_is_never_cached(tmp_path, server):
 
 
 def test_cache_entries_are_checked_on_use(tmp_path, server):
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, routes = server
     _, weights = _tiny_published(tmp_path)
     body = weights.read_bytes()
@@ -334,7 +334,7 @@ def test_cache_entries_are_checked_on_use(tmp_path, server):
 
 @pytest.mark.parametrize("location", ["file:///etc/passwd", "ftp://127.0.0.1/w.hdf5"])
 def test_redirects_to_other_schemes_are_refused(tmp_path, server, location):
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, routes = server
     routes["/w.hdf5"] = (302, {"Location": location}, b"")
     with pytest.raises(ElmoError, match="refused a redirect"):
@@ -414,7 +414,7 @@ def _dead_pid() -> int:
 
 def test_later_runs_remove_stale_temp_files_of_their_own_naming(tmp_path):
     from torchelmo.embed import embed_file
-    from torchelmo.fileio import _host
+    from torchelmo.io.fileio import _host
     from torchelmo.train.checkpoint import save_checkpoint
     out = tmp_path / "out.h5"
     dead = tmp_path / f".out.h5.{_host()}.{_dead_pid()}.abc123.tmp"
@@ -538,8 +538,8 @@ def test_unpinned_registry_weights_are_checked_against_their_options(tmp_path, s
     import h5py
 
     from torchelmo import BiLM
-    from torchelmo import registry as R
-    from torchelmo import weights as W
+    from torchelmo.model import registry as R
+    from torchelmo.model import weights as W
     base, routes = server
     options, weights = _tiny_published(tmp_path)
     good = weights.read_bytes()

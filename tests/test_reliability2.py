@@ -39,7 +39,7 @@ HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>Please 
 
 def test_a_download_gets_the_check_of_what_the_caller_loads_whatever_its_url(tmp_path, server, monkeypatch):
     from torchelmo import BiLM
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, routes = server
     options, weights = _tiny_published(tmp_path)
     body = weights.read_bytes()
@@ -90,7 +90,7 @@ def _tampered(weights: Path) -> bytes:
 
 
 def test_an_entry_without_its_record_is_never_trusted_on_its_content(tmp_path, server):
-    from torchelmo.download import _sha256, cached_path
+    from torchelmo.io.download import _sha256, cached_path
     base, routes = server
     _, weights = _tiny_published(tmp_path)
     good = weights.read_bytes()
@@ -162,7 +162,7 @@ def slow_server():
 @pytest.mark.parametrize("path", ["/trickle", "/slow-headers"])
 def test_a_download_ends_within_its_deadline(tmp_path, slow_server, path, monkeypatch):
     # Bytes come faster than any per-read timeout; only a deadline on the whole ends it.
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, _ = slow_server
     cache = tmp_path / "cache"
     t0 = time.monotonic()
@@ -181,7 +181,7 @@ def test_a_download_ends_within_its_deadline(tmp_path, slow_server, path, monkey
 
 
 def test_a_download_has_a_size_limit(tmp_path, slow_server, monkeypatch):
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, _ = slow_server
     cache = tmp_path / "cache"
     t0 = time.monotonic()
@@ -202,7 +202,7 @@ def test_a_download_has_a_size_limit(tmp_path, slow_server, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 _WRITER = """
 import os, sys
-import torchelmo.fileio as fileio
+import torchelmo.io.fileio as fileio
 os.getpid = lambda: int(sys.argv[2])   # as seen from another PID namespace: this PID is not running here
 with fileio.atomic_path(sys.argv[1]) as tmp:
     tmp.write_text("from the other namespace")
@@ -214,7 +214,7 @@ print("done", flush=True)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer's lock is Linux's (elsewhere: host + PID)")
 def test_the_sweep_spares_a_live_writer_whose_pid_looks_dead(tmp_path):
-    from torchelmo.fileio import atomic_path
+    from torchelmo.io.fileio import atomic_path
     out = tmp_path / "out.txt"
     dead = _dead_pid()
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(out), str(dead)], env=ENV,
@@ -352,8 +352,8 @@ def test_other_paths_no_file_can_have_are_one_line(tmp_path, capsys):
 
 
 def test_average_and_perplexity_check_their_destination_before_any_work(tmp_path, capsys, monkeypatch):
-    import torchelmo.average as average
-    import torchelmo.lm as lm
+    import torchelmo.lm.model as lm
+    import torchelmo.train.average as average
     monkeypatch.setattr(average, "load_lm", lambda *a: pytest.fail("loaded a model before checking -o"))
     monkeypatch.setattr(lm.LanguageModel, "from_pretrained",
                         classmethod(lambda *a, **k: pytest.fail("loaded the LM before checking --json")))
@@ -387,8 +387,8 @@ def test_a_missing_weights_file_is_found_before_the_model_is_allocated(tmp_path,
     import shutil
 
     from torchelmo import BiLM
-    from torchelmo.lm import LanguageModel
-    from torchelmo.registry import default_model_dir
+    from torchelmo.lm.model import LanguageModel
+    from torchelmo.model.registry import default_model_dir
     # A config within the size bounds that would take gigabytes, with no weights beside it.
     big = tmp_path / "big"
     big.mkdir()
@@ -397,7 +397,7 @@ def test_a_missing_weights_file_is_found_before_the_model_is_allocated(tmp_path,
     (big / "config.json").write_text(json_dump(cfg))
     lm_dir = tmp_path / "lm"
     shutil.copytree(big, lm_dir)
-    from torchelmo.lm import LM_FORMAT
+    from torchelmo.lm.model import LM_FORMAT
     (lm_dir / "training.json").write_text(json_dump({"format": LM_FORMAT, "softmax": {"kind": "full"}}))
     (lm_dir / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\n")
     monkeypatch.setattr(BiLM, "__init__", lambda *a, **k: pytest.fail("allocated before finding the weights"))
@@ -425,7 +425,7 @@ def json_dump(obj) -> str:
 
 def test_python_api_rejects_none_and_empty_batches_in_one_line(tmp_path):
     from torchelmo import BiLM, batch_to_ids
-    from torchelmo.allennlp import Elmo, ElmoEmbedder
+    from torchelmo.integrations.allennlp import Elmo, ElmoEmbedder
     with pytest.raises(ElmoError, match="batch_to_ids: sentence 1 is NoneType, expected a list of tokens"):
         batch_to_ids([["a"], None])
     bilm = BiLM.from_pretrained("default")
@@ -454,7 +454,7 @@ def test_embed_file_of_a_stream_is_one_line_on_bad_utf8_and_leaves_no_temporary_
     import io
     import tempfile
 
-    from torchelmo.allennlp import ElmoEmbedder
+    from torchelmo.integrations.allennlp import ElmoEmbedder
     tmpdir = tmp_path / "system-tmp"
     tmpdir.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
@@ -477,7 +477,7 @@ def test_embed_file_of_a_stream_is_one_line_on_bad_utf8_and_leaves_no_temporary_
 SIGNAL_INSIDE_H5PY = """
 import os, signal, sys
 import h5py
-from torchelmo import fileio
+from torchelmo.io import fileio
 from torchelmo.cli import entry
 sig, phase, at = getattr(signal, sys.argv[1]), sys.argv[2], int(sys.argv[3])
 state = {"armed": phase == "writing", "calls": 0}
@@ -553,7 +553,7 @@ def test_a_rerun_with_the_same_settings_is_bitwise_identical(tmp_path):
 
 def test_a_model_larger_than_the_memory_left_is_refused_before_allocation(tmp_path, monkeypatch, capsys):
     from torchelmo import BiLM, runtime
-    from torchelmo.config import ElmoConfig
+    from torchelmo.model.config import ElmoConfig
     model = BiLM.from_pretrained("default")
     model.save_pretrained(tmp_path / "m")
     need = 4 * model.config.num_parameters()
@@ -580,9 +580,9 @@ def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
     # share one reader: missing, not UTF-8, not JSON or not an object is one line naming the file
     # (the LM description and the train config used to raise a bare UnicodeDecodeError).
     from torchelmo import ElmoConfig
-    from torchelmo.fileio import read_json
-    from torchelmo.lm import EXTRA_CONFIG_NAME, read_lm_meta
-    from torchelmo.manylangs.files import _read_json as manylangs_config
+    from torchelmo.integrations.manylangs.files import _read_json as manylangs_config
+    from torchelmo.io.fileio import read_json
+    from torchelmo.lm.model import EXTRA_CONFIG_NAME, read_lm_meta
     from torchelmo.probe.report import load_results
 
     bad = {"latin1.json": b'{"name": "caf\xe9"}', "cut.json": b'{"lstm": ', "list.json": b"[1, 2]"}

@@ -55,7 +55,7 @@ def test_the_writers_lock_covers_a_temporary_file_the_writer_replaced(tmp_path, 
     # one: the lock taken on the first file does not cover the second, so the writer must take it
     # again before the rename. At that moment a sweep by a writer in another PID namespace (to
     # which our PID looks dead) must spare the file.
-    from torchelmo import fileio
+    from torchelmo.io import fileio
     out = tmp_path / "model.safetensors"
     swept = []
     real_replace = os.replace
@@ -106,7 +106,7 @@ def test_a_signal_while_the_interpreter_shuts_down_changes_no_status(sig):
 def test_a_pinned_digest_outranks_a_rewritten_record(tmp_path, server):
     # pin-ignored-on-use. Someone who can write the cache replaces a file and rewrites its record
     # to match: the record cannot tell, the pinned digest must.
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     base, routes = server
     _, weights = _tiny_published(tmp_path)
     good = weights.read_bytes()
@@ -151,7 +151,7 @@ def sized_server():
 def test_the_size_limit_is_exact(tmp_path, sized_server):
     # size-limit-doubled. Without a Content-Length only the count of the body's bytes can hold
     # the limit: max_bytes is accepted, one byte more is cut off and nothing is cached.
-    from torchelmo.download import cached_path
+    from torchelmo.io.download import cached_path
     limit = 300_000
     cache = tmp_path / "cache"
     with pytest.raises(ElmoError, match="cut off at 300,000 bytes, the limit"):
@@ -195,7 +195,7 @@ def _small_disk(monkeypatch, quota: int | None, on_full=lambda: None, module: st
     a :class:`_Disk`; returns them."""
     import importlib
 
-    from torchelmo.fileio import GuardedWriter
+    from torchelmo.io.fileio import GuardedWriter
     disks = []
 
     class OnSmallDisk(GuardedWriter):

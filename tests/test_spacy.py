@@ -20,7 +20,7 @@ def bilm(allennlp_dir):
 
 
 def _nlp(allennlp_dir, **config):
-    import torchelmo.spacy_component  # noqa: F401  (registers the factory; the entry point does it too)
+    import torchelmo.integrations.spacy  # noqa: F401  (registers the factory; the entry point does it too)
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(allennlp_dir), "device": "cpu", **config})
     return nlp
@@ -71,7 +71,7 @@ def test_pipe_batches_and_matches_one_by_one(allennlp_dir):
 
 
 def test_set_vectors_and_similarity(allennlp_dir):
-    from torchelmo.spacy_component import similarity
+    from torchelmo.integrations.spacy import similarity
     nlp = _nlp(allennlp_dir, set_vectors=True)
     doc = nlp(TEXTS[0])
     np.testing.assert_allclose(doc[1].vector, doc[1]._.elmo)
@@ -94,7 +94,7 @@ N_PROCESS = """
 import multiprocessing, sys
 import numpy as np
 import spacy
-from torchelmo.spacy_component import similarity
+from torchelmo.integrations.spacy import similarity
 if __name__ == "__main__":
     multiprocessing.set_start_method(sys.argv[1], force=True)
     nlp = spacy.blank("en")
@@ -143,7 +143,7 @@ def test_saved_pipeline_carries_its_model(allennlp_dir, bilm, tmp_path):
 
 
 def test_missing_local_model_is_one_line_at_first_use(tmp_path):
-    import torchelmo.spacy_component  # noqa: F401
+    import torchelmo.integrations.spacy  # noqa: F401
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(tmp_path / "gone"), "device": "cpu"})
     with pytest.raises(ElmoError, match=r"gone.*nor was this pipeline loaded from a directory that holds"):
@@ -168,7 +168,7 @@ def test_factory_found_through_the_entry_point_and_core_stays_light(allennlp_dir
     # A fresh interpreter: no import of torchelmo's spaCy module, spaCy finds "elmo" by itself;
     # and importing the library and its command line never imports spaCy.
     code = (
-        "import sys, torchelmo, torchelmo.cli, torchelmo.allennlp\n"
+        "import sys, torchelmo, torchelmo.cli, torchelmo.integrations.allennlp\n"
         "assert 'spacy' not in sys.modules\n"
         "import spacy\n"
         "nlp = spacy.blank('en')\n"

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from torchelmo.cli import main
-from torchelmo.corpus import Corpus
 from torchelmo.errors import ElmoError
-from torchelmo.text import count_lines, length_batches, read_lines, read_sentences
-from torchelmo.vocab import Vocabulary
+from torchelmo.io.text import count_lines, length_batches, read_lines, read_sentences
+from torchelmo.lm.corpus import Corpus
+from torchelmo.lm.vocab import Vocabulary
 
 BOM = "\ufeff"
 

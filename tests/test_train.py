@@ -15,11 +15,11 @@ import torch
 
 from conftest import base_config, shared_path
 from torchelmo.cli import main as cli_main
-from torchelmo.corpus import Corpus
 from torchelmo.errors import ElmoError
-from torchelmo.lm import LanguageModel
+from torchelmo.lm.corpus import Corpus
+from torchelmo.lm.model import LanguageModel
+from torchelmo.lm.vocab import Vocabulary
 from torchelmo.train import CHECKPOINT_NAME, TrainConfig, train
-from torchelmo.vocab import Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 

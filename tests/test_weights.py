@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from torchelmo import BiLM, ElmoConfig, ElmoError
-from torchelmo import registry as R
-from torchelmo import weights as W
+from torchelmo.model import registry as R
+from torchelmo.model import weights as W
 
 SENTS = [["The", "cat", "sat", "."], ["Ein", "Satz", "über", "北京", "😀"], ["x"]]
 

@@ -13,21 +13,22 @@ __all__ = ["BiLM", "BiLMOutput", "Elmo", "ElmoConfig", "ElmoError", "ScalarMix",
 
 # The public names and their modules, imported on first use: `import torchelmo` stays light, so
 # the `elmo` command is inside its own error handling (Ctrl-C included) before torch loads.
-_EXPORTS = {"BiLM": "bilm", "BiLMOutput": "bilm", "batch_to_ids": "chars", "word_to_char_ids": "chars",
-            "ElmoConfig": "config", "preset": "config", "Elmo": "mix", "ScalarMix": "mix"}
+_EXPORTS = {"BiLM": "model.bilm", "BiLMOutput": "model.bilm", "batch_to_ids": "model.chars",
+            "word_to_char_ids": "model.chars", "ElmoConfig": "model.config", "preset": "model.config",
+            "Elmo": "model.mix", "ScalarMix": "model.mix"}
 
 if TYPE_CHECKING:
-    from .bilm import BiLM, BiLMOutput
-    from .chars import batch_to_ids, word_to_char_ids
-    from .config import ElmoConfig, preset
-    from .mix import Elmo, ScalarMix
+    from .model.bilm import BiLM, BiLMOutput
+    from .model.chars import batch_to_ids, word_to_char_ids
+    from .model.config import ElmoConfig, preset
+    from .model.mix import Elmo, ScalarMix
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     elif not name.startswith("__"):
-        try:   # a submodule, as `torchelmo.weights` after `import torchelmo`
+        try:   # a subpackage, as `torchelmo.numerics` after `import torchelmo`
             value = importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{name}":

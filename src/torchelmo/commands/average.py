@@ -1,13 +1,13 @@
-"""``elmo average``: checkpoint averaging (:func:`torchelmo.average.average`)."""
+"""``elmo average``: checkpoint averaging (:func:`torchelmo.train.average.average`)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from ..average import _normalised, average
 from ..errors import ElmoError
-from ..fileio import check_destination, check_path_name
+from ..io.fileio import check_destination, check_path_name
+from ..train.average import _normalised, average
 
 
 def _run_average(args) -> int:

@@ -6,13 +6,13 @@ import os
 import sys
 import warnings
 
-from ..backend import BACKENDS, COMPILE_MIN_INPUT_BYTES
-from ..bilm import BiLM
 from ..embed.engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from ..embed.hdf5 import embed_file, merge_shards, parse_shard
 from ..errors import ElmoError
-from ..precision import CHOICES as PRECISION_CHOICES
-from ..precision import PRECISION_HELP
+from ..model.bilm import BiLM
+from ..numerics.backend import BACKENDS, COMPILE_MIN_INPUT_BYTES
+from ..numerics.precision import CHOICES as PRECISION_CHOICES
+from ..numerics.precision import PRECISION_HELP
 from ..runtime import (
     add_device_args,
     add_quiet_args,
@@ -107,7 +107,7 @@ def _add_allennlp_args(p) -> None:
     g.add_argument("--allennlp", action="store_true",
                    help="AllenNLP's defaults, for its numbers: batches of 64 lines in file order with "
                    "the LSTM state carried from batch to batch (--stateful), and a blank line is an "
-                   "error; as torchelmo.allennlp.ElmoEmbedder.embed_file")
+                   "error; as torchelmo.integrations.allennlp.ElmoEmbedder.embed_file")
     g.add_argument("--vocab-path", metavar="FILE",
                    help="tokens (one per line) whose char-CNN embeddings are computed once up front; "
                    "the output is the same")
@@ -140,7 +140,7 @@ ALLENNLP_BATCH_SIZE = 64   # allennlp elmo's --batch-size default
 
 def _read_vocab(path: str) -> list[str]:
     """``--vocab-path``: one token per line (AllenNLP's vocabulary file; blank lines skipped)."""
-    from ..text import read_lines
+    from ..io.text import read_lines
     return [t for line in read_lines(path) for t in line.tokens[:1]]
 
 

@@ -1,8 +1,8 @@
-"""``elmo export``: the biLM as ONNX or TorchScript (:func:`torchelmo.export.export`)."""
+"""``elmo export``: the biLM as ONNX or TorchScript (:func:`torchelmo.integrations.onnx.export`)."""
 
 from __future__ import annotations
 
-from ..export import FORMATS, MAX_OPSET, MIN_OPSET, OPSET, export, format_for
+from ..integrations.onnx import FORMATS, MAX_OPSET, MIN_OPSET, OPSET, export, format_for
 from ..runtime import add_device_args, apply_device_args
 from ..signals import Interrupts, mark_done
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from ..backend import support_line as backend_line
-from ..bilm import BiLM
-from ..precision import support_line
-from ..registry import ALIASES, REGISTRY
+from ..model.bilm import BiLM
+from ..model.registry import ALIASES, REGISTRY
+from ..numerics.backend import support_line as backend_line
+from ..numerics.precision import support_line
 
 # The embedded default model, from its model card (default_model/MODEL_CARD.md: the training
 # shards) and results/default_model.json (validation perplexity); tests check both.

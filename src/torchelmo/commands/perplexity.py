@@ -1,12 +1,12 @@
-"""``elmo perplexity``: the command line over :meth:`torchelmo.lm.LanguageModel.perplexity`."""
+"""``elmo perplexity``: the command line over :meth:`torchelmo.lm.model.LanguageModel.perplexity`."""
 
 from __future__ import annotations
 
 import json
 
-from ..corpus import expand_files
-from ..fileio import atomic_path, check_destination
-from ..lm import PERPLEXITY_MODES, LanguageModel
+from ..io.fileio import atomic_path, check_destination
+from ..lm.corpus import expand_files
+from ..lm.model import PERPLEXITY_MODES, LanguageModel
 from ..runtime import add_device_args, apply_device_args
 
 

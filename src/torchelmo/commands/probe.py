@@ -154,7 +154,7 @@ def _ud_defaults(args, d: Path | None) -> None:
 
 
 def _run(args, tasks: list[str]) -> int:
-    from ..bilm import BiLM
+    from ..model.bilm import BiLM
     from ..probe.features import model_fingerprint, random_like
     from ..probe.report import load_results, render, write_results
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..precision import CHOICES as PRECISION_CHOICES
-from ..precision import PRECISION_HELP
+from ..numerics.precision import CHOICES as PRECISION_CHOICES
+from ..numerics.precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args
 
 

@@ -10,9 +10,9 @@ import sys
 from typing import Any
 
 from ..errors import ElmoError
-from ..fileio import read_json
-from ..precision import CHOICES as PRECISION_CHOICES
-from ..precision import PRECISION_HELP
+from ..io.fileio import read_json
+from ..numerics.precision import CHOICES as PRECISION_CHOICES
+from ..numerics.precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
 from ..train.checkpoint import resume_point
 from ..train.config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig

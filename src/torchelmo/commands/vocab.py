@@ -1,10 +1,10 @@
-"""``elmo vocab``: a vocabulary file from a corpus (:class:`torchelmo.vocab.Vocabulary`)."""
+"""``elmo vocab``: a vocabulary file from a corpus (:class:`torchelmo.lm.vocab.Vocabulary`)."""
 
 from __future__ import annotations
 
 import sys
 
-from ..vocab import Vocabulary
+from ..lm.vocab import Vocabulary
 
 
 def _run_vocab(args) -> int:

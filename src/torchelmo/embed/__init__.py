@@ -8,7 +8,7 @@
 * the ``elmo embed`` and ``elmo embed-merge`` commands are :mod:`torchelmo.commands.embed`.
 """
 
-from ..text import count_lines
+from ..io.text import count_lines
 from .engine import (
     LAYER_MODES,
     POOL_MODES,

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..bilm import BiLM
-from ..chars import batch_to_ids
 from ..errors import ElmoError
-from ..text import length_batches
+from ..io.text import length_batches
+from ..model.bilm import BiLM
+from ..model.chars import batch_to_ids
 
 LAYER_MODES = ("all", "top", "average")
 POOL_MODES = (None, "mean")

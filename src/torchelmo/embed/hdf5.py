@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from ..bilm import BiLM
 from ..errors import ElmoError
-from ..fileio import atomic_path
+from ..io.fileio import atomic_path
+from ..io.text import Line, LineReader, count_lines, read_lines
+from ..model.bilm import BiLM
 from ..runtime import bounded_heap
 from ..signals import Interrupts
-from ..text import Line, LineReader, count_lines, read_lines
 from .engine import (
     WINDOW_LINES,
     ElmoWarning,
@@ -59,7 +59,7 @@ ATTR_LAYERS, ATTR_POOL, ATTR_LINES, ATTR_SHARD = "elmo_layers", "elmo_pool", "el
 ATTR_MODEL, ATTR_OPTIONS = "elmo_model", "elmo_model_options"
 KEY_MODES = ("index", "sentence")
 BLANK_WARNINGS = 5                # blank lines named one by one; the rest are counted
-UTF8_HINT = "; fix the file or use --errors replace"   # appended to torchelmo.text's invalid-UTF-8 error
+UTF8_HINT = "; fix the file or use --errors replace"   # appended to torchelmo.io.text's invalid-UTF-8 error
 
 
 def check_shard(shard: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import GuardedWriter, write_error
+from ..io.fileio import GuardedWriter, write_error
 from ..signals import Interrupts
 
 

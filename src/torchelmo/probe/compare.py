@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ElmoError
-from ..fileio import atomic_path
+from ..io.fileio import atomic_path
 from .report import (
     EXPECTED,
     PAPER,

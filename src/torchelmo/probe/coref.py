@@ -6,7 +6,7 @@ with each of its previous (up to 50) gold mentions ``i`` in the same document; t
 the two belong to the same entity. A mention's vector is the mean of its tokens' vectors in one
 layer (features of each sentence on its own); the probe is logistic regression over
 ``[m_i; m_j; m_i * m_j]`` of standardized span vectors, the same for every layer, and a
-:class:`~torchelmo.mix.ScalarMix` over the layers under the same head. Gold mentions are given, so
+:class:`~torchelmo.model.mix.ScalarMix` over the layers under the same head. Gold mentions are given, so
 this measures linking, not mention detection.
 
 The metric is pairwise F1 (micro over test pairs, threshold 0.5) with a 95% bootstrap interval
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ElmoError
-from ..mix import ScalarMix
+from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .features import Features, Span
 from .litbank import CorefDocument, part_sizes, read_litbank, split_documents

@@ -1,7 +1,7 @@
 """Dependency probes: which head each word attaches to (arcs), and with which relation (labels).
 
 Both read one frozen biLM layer (E0, E1, E2) standardised with training statistics, or all
-layers through a learned :class:`~torchelmo.mix.ScalarMix`, with the same hyper-parameters for
+layers through a learned :class:`~torchelmo.model.mix.ScalarMix`, with the same hyper-parameters for
 every input (:class:`DepsConfig`), trained with Adam on mini-batches of sentences and
 early-stopped on the development score (the best dev epoch's weights are kept).
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ElmoError
-from ..mix import ScalarMix
+from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .conll import DepSentence
 from .features import Features

@@ -24,11 +24,11 @@ import h5py
 import numpy as np
 import torch
 
-from ..bilm import BiLM
-from ..chars import batch_to_ids
 from ..errors import ElmoError
-from ..fileio import atomic_path
-from ..text import length_batches
+from ..io.fileio import atomic_path
+from ..io.text import length_batches
+from ..model.bilm import BiLM
+from ..model.chars import batch_to_ids
 
 FORMAT_VERSION = 1
 Span = tuple[int, int, int]  # (sentence index, start token, end token exclusive)

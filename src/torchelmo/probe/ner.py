@@ -3,7 +3,7 @@
 One small tagger (:class:`BiLSTMTagger`: per-feature standardization, dropout, a 1-layer BiLSTM,
 a linear layer, token-level softmax; no CRF) is trained on different frozen inputs:
 
-* ``mix``: all biLM layers through a learned :class:`~torchelmo.mix.ScalarMix` (``softmax(s)``, gamma),
+* ``mix``: all biLM layers through a learned :class:`~torchelmo.model.mix.ScalarMix` (``softmax(s)``, gamma),
 * ``E0``: the biLM's context-free char-CNN layer only,
 * ``static``: SVD-PPMI word vectors trained by :func:`train_static_embeddings` on the same text as
   the biLM (lower-cased; out-of-vocabulary tokens get a zero vector, which is the point: WNUT-17's
@@ -27,9 +27,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import ElmoError
-from ..fileio import atomic_path
-from ..mix import ScalarMix
-from ..text import read_sentences
+from ..io.fileio import atomic_path
+from ..io.text import read_sentences
+from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped
 from .conll import bio_spans
 from .stats import bootstrap_ci, f1_from_counts, paired_diff_ci

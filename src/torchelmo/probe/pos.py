@@ -2,7 +2,7 @@
 
 Every layer gets the same classifier and the same hyper-parameters (:class:`ProbeConfig`):
 softmax regression trained with Adam, mini-batches of tokens, early-stopped on dev accuracy
-(the best dev epoch's weights are kept). The mix probe puts a :class:`~torchelmo.mix.ScalarMix`
+(the best dev epoch's weights are kept). The mix probe puts a :class:`~torchelmo.model.mix.ScalarMix`
 (learned ``s``, ``gamma``) under the same linear head, so ``softmax(s)`` says which layers a
 POS tagger takes. Test accuracy comes with a 95% bootstrap interval over test sentences.
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ElmoError
-from ..mix import ScalarMix
+from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .features import Features
 from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci

@@ -17,7 +17,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from ..fileio import atomic_path, read_json
+from ..io.fileio import atomic_path, read_json
 from .common import layer_names
 
 # Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).

@@ -15,7 +15,7 @@ A run directory holds::
     published/          the final biLM exported to the published options.json + HDF5
 
 Distributed: ``torchrun --nproc_per_node N -m torchelmo.cli train ...`` (gloo on CPU, nccl on GPU).
-Each rank computes the rows of the global batch it owns (see :mod:`torchelmo.data`); gradients are
+Each rank computes the rows of the global batch it owns (see :mod:`torchelmo.lm.data`); gradients are
 averaged by DistributedDataParallel with the loss normalised by the global number of targets, so
 N ranks with global batch B compute the same steps as one process with batch B.
 """

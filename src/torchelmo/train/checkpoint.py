@@ -6,7 +6,7 @@
     config           the TrainConfig as a dict (resuming needs nothing else)
     model_options    the biLM's published options; cutoffs: the adaptive softmax's, or None
     model            the LM's state dict; optimizer: the optimizer's
-    data             the batcher's position (see torchelmo.data)
+    data             the batcher's position (see torchelmo.lm.data)
     lstm_state       the carried LSTM state of all global rows, per layer (c, h), or None
     rng              per rank: torch, python and CUDA generator states
     world_size       ranks that wrote it
@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from .. import hub
-from ..config import ElmoConfig
 from ..errors import ElmoError
-from ..fileio import GuardedWriter, atomic_path, check_path_name, write_error
-from ..lm import LanguageModel
-from ..vocab import Vocabulary
+from ..io.fileio import GuardedWriter, atomic_path, check_path_name, write_error
+from ..lm.model import LanguageModel
+from ..lm.vocab import Vocabulary
+from ..model import hub
+from ..model.config import ElmoConfig
 from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
 from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs
 

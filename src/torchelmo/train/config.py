@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..bilm import Regularisation
-from ..config import ElmoConfig, preset
 from ..errors import ElmoError
-from ..fileio import check_path_name
-from ..precision import CHOICES as PRECISION_CHOICES
-from ..softmax import KINDS as SOFTMAX_KINDS
+from ..io.fileio import check_path_name
+from ..lm.softmax import KINDS as SOFTMAX_KINDS
+from ..model.bilm import Regularisation
+from ..model.config import ElmoConfig, preset
+from ..numerics.precision import CHOICES as PRECISION_CHOICES
 
 SOFTMAX_CHOICES = ("auto", *SOFTMAX_KINDS)
 # A step's micro-batches seed their generators with step * MAX_GRAD_ACCUM + micro: no two collide.
@@ -68,7 +68,7 @@ class TrainConfig:
     lr_decay: float = 1.0                  # multiply the lr by this when validation does not improve
     lr_schedule: str = "constant"          # constant | linear | cosine (to 0 at max_steps)
     warmup_steps: int = 0                  # linear warm-up from 0 over this many steps
-    precision: str = "fp32"                # fp32 | tf32 | bf16 | auto (see torchelmo.precision)
+    precision: str = "fp32"                # fp32 | tf32 | bf16 | auto (see torchelmo.numerics.precision)
     seed: int = 0
     grad_accum: int = 1
     max_steps: int | None = None

@@ -7,7 +7,7 @@ import json
 import warnings
 from pathlib import Path
 
-from ..fileio import atomic_path
+from ..io.fileio import atomic_path
 
 METRICS_NAME = "metrics.jsonl"
 

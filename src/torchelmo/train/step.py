@@ -10,7 +10,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from ..data import SentenceBatcher, StreamBatcher
+from ..lm.data import SentenceBatcher, StreamBatcher
 from .config import MAX_GRAD_ACCUM, TrainConfig
 from .distributed import DistEnv
 

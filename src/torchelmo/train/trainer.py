@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..corpus import Corpus
-from ..data import SentenceBatcher, StreamBatcher
 from ..errors import ElmoError
-from ..fileio import atomic_path
-from ..lm import LanguageModel
+from ..io.fileio import atomic_path
+from ..lm.corpus import Corpus
+from ..lm.data import SentenceBatcher, StreamBatcher
+from ..lm.model import LanguageModel
+from ..lm.softmax import AdaptiveSoftmax, softmax_kind
+from ..lm.vocab import Vocabulary
 from ..runtime import keep_heap, resolve_device, set_threads, write
-from ..softmax import AdaptiveSoftmax, softmax_kind
-from ..vocab import Vocabulary
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .distributed import DistEnv, seed_rngs, setup_distributed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..lm import LanguageModel
+from ..lm.model import LanguageModel
 from .checkpoint import Progress
 from .config import TrainConfig
 from .distributed import DistEnv
