@@ -17,9 +17,9 @@ under ``nice -n 19`` with ``OMP_NUM_THREADS=1`` and a time limit (``--timeout``)
 
 Statuses: ``killed`` (the selection fails), ``survived`` (it passes), ``timeout``, and
 ``baseline-failed`` (the unmutated copy fails that selection, run once per selection first, so
-the mutant's result would mean nothing). A survivor is either killed by a new test (in
-tests/test_reliability3.py, added to its selection) or carries ``survives_because``: why no
-test can reasonably tell it apart.
+the mutant's result would mean nothing). A survivor is either killed by a new test (one of
+``WRITTEN_FOR_SURVIVORS``, added to its selection) or carries ``survives_because``: why no test
+can reasonably tell it apart.
 
 The record, ``results/mutation.json``: per mutant its id, file, description, selection, status,
 seconds, the first failing test and the first lines of its failure.
@@ -47,17 +47,25 @@ OUT = ROOT / "results" / "mutation.json"
 COPIED = ("src", "tests", "benchmarks", "scripts", "configs", "examples", "docs")
 TIMEOUT = 900.0   # seconds for one selection
 
-R1, R2, R3 = "tests/test_reliability.py", "tests/test_reliability2.py", "tests/test_reliability3.py"
-SIGNAL_INSIDE_H5PY = f"{R2}::test_a_signal_inside_h5pys_own_writes_is_never_lost"
-FULL_DISK_EMBED = f"{R1}::test_full_disk_in_embed_is_one_line_error_and_leaves_nothing"
-FULL_DISK_CKPT = f"{R1}::test_full_disk_while_checkpointing_keeps_the_previous_checkpoint"
-STALE = f"{R1}::test_later_runs_remove_stale_temp_files_of_their_own_naming"
-SWEEP_LOCK = f"{R2}::test_the_sweep_spares_a_live_writer_whose_pid_looks_dead"
+# The tests written for the survivors of a first run, each to kill one (the record's "new_test").
+WRITTEN_FOR_SURVIVORS = {
+    "test_the_writers_lock_covers_a_temporary_file_the_writer_replaced",
+    "test_a_signal_while_the_interpreter_shuts_down_changes_no_status",
+    "test_a_pinned_digest_outranks_a_rewritten_record", "test_the_size_limit_is_exact",
+    "test_a_full_disk_stops_embedding_at_once", "test_a_write_that_fails_in_the_closing_flush_leaves_no_output",
+    "test_a_simulated_full_disk_in_embed_merge_leaves_nothing",
+    "test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint",
+}
+SIGNAL_INSIDE_H5PY = "tests/test_signals.py::test_a_signal_inside_h5pys_own_writes_is_never_lost"
+FULL_DISK_EMBED = "tests/test_writes.py::test_full_disk_in_embed_is_one_line_error_and_leaves_nothing"
+FULL_DISK_CKPT = "tests/test_writes.py::test_full_disk_while_checkpointing_keeps_the_previous_checkpoint"
+STALE = "tests/test_writes.py::test_later_runs_remove_stale_temp_files_of_their_own_naming"
+SWEEP_LOCK = "tests/test_writes.py::test_the_sweep_spares_a_live_writer_whose_pid_looks_dead"
 EXPORT_WHOLE = "tests/test_export.py::test_export_writes_out_whole_or_not_at_all"
 FAILED_EMBED = "tests/test_embed.py::test_failed_run_leaves_no_output"
-DESTINATION = f"{R2}::test_average_and_perplexity_check_their_destination_before_any_work"
-CALLER_CHECK = f"{R2}::test_a_download_gets_the_check_of_what_the_caller_loads_whatever_its_url"
-NO_RECORD = f"{R2}::test_an_entry_without_its_record_is_never_trusted_on_its_content"
+DESTINATION = "tests/test_bad_input.py::test_average_and_perplexity_check_their_destination_before_any_work"
+CALLER_CHECK = "tests/test_downloads.py::test_a_download_gets_the_check_of_what_the_caller_loads_whatever_its_url"
+NO_RECORD = "tests/test_downloads.py::test_an_entry_without_its_record_is_never_trusted_on_its_content"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +99,7 @@ MUTATIONS = [
         '    path = Path(path)\n    if path.is_dir():\n        raise ElmoError(f"{path}: is a directory; give a file name to write")\n'
         "    try:\n",
         "    path = Path(path)\n    try:\n",
-        (f"{R1}::test_read_only_place_and_directory_output_fail_before_any_work",)),
+        ("tests/test_bad_input.py::test_read_only_place_and_directory_output_fail_before_any_work",)),
     Mutation(
         "atomic-no-fsync", "src/torchelmo/io/fileio.py",
         "atomic_path renames its temporary file without fsyncing it first",
@@ -108,14 +116,14 @@ MUTATIONS = [
         "a temporary file that its writer replaced (safetensors does) is renamed into place without the writer's lock",
         "            fd = _relock(tmp_path, fd)\n",
         "",
-        (SWEEP_LOCK, f"{R3}::test_the_writers_lock_covers_a_temporary_file_the_writer_replaced")),
+        (SWEEP_LOCK, "tests/test_writes.py::test_the_writers_lock_covers_a_temporary_file_the_writer_replaced")),
     Mutation(
         "guarded-writer-reraises", "src/torchelmo/io/fileio.py",
         "GuardedWriter re-raises a failed write into HDF5, which cannot take one",
         "            except OSError as e:\n                self.error = e\n        return memoryview(data).nbytes\n",
         "            except OSError as e:\n                self.error = e\n                raise\n"
         "        return memoryview(data).nbytes\n",
-        (FULL_DISK_EMBED, f"{R3}::test_a_full_disk_stops_embedding_at_once")),
+        (FULL_DISK_EMBED, "tests/test_writes.py::test_a_full_disk_stops_embedding_at_once")),
     # -- fileio.py: the stale-temporary sweep -----------------------------------------------------
     Mutation(
         "sweep-ignores-the-writers-lock", "src/torchelmo/io/fileio.py",
@@ -191,7 +199,7 @@ MUTATIONS = [
         "        signal.signal(sig, signal.SIG_IGN)\n",
         "        pass\n",
         ("tests/test_runtime.py::test_a_signal_after_the_output_is_complete_changes_nothing",
-         f"{R3}::test_a_signal_while_the_interpreter_shuts_down_changes_no_status")),
+         "tests/test_signals.py::test_a_signal_while_the_interpreter_shuts_down_changes_no_status")),
     # -- download.py ---------------------------------------------------------------------------
     Mutation(
         "entry-without-record-trusted", "src/torchelmo/io/download.py",
@@ -205,7 +213,7 @@ MUTATIONS = [
         "    want = sha256 or (digest_file",
         "    want = (digest_file",
         (NO_RECORD, "tests/test_weights.py::test_download_cache_offline_checksum",
-         f"{R3}::test_a_pinned_digest_outranks_a_rewritten_record")),
+         "tests/test_downloads.py::test_a_pinned_digest_outranks_a_rewritten_record")),
     Mutation(
         "html-body-accepted", "src/torchelmo/io/download.py",
         "an HTML page sent with status 200 is cached as the file",
@@ -223,56 +231,56 @@ MUTATIONS = [
         "a body shorter than its Content-Length is accepted",
         "    if expected is not None and got != expected:\n",
         "    if False:\n",
-        (f"{R1}::test_a_cut_off_download_is_never_cached",)),
+        ("tests/test_downloads.py::test_a_cut_off_download_is_never_cached",)),
     Mutation(
         "pinned-sha256-ignored", "src/torchelmo/io/download.py",
         "a download that does not match its pinned SHA-256 is cached",
         '            if sha256 is not None and got != sha256:\n                raise ElmoError(f"{s}: checksum mismatch',
         '            if False:\n                raise ElmoError(f"{s}: checksum mismatch',
-        (f"{R1}::test_cache_entries_are_checked_on_use",)),
+        ("tests/test_downloads.py::test_cache_entries_are_checked_on_use",)),
     Mutation(
         "no-deadline", "src/torchelmo/io/download.py",
         "a download has no deadline: a server trickling bytes holds it for ever",
         "    with _Watchdog(deadline) as watch:\n",
         "    with _Watchdog(1e9) as watch:\n",
-        (f"{R2}::test_a_download_ends_within_its_deadline[/slow-headers]",)),
+        ("tests/test_downloads.py::test_a_download_ends_within_its_deadline[/slow-headers]",)),
     Mutation(
         "announced-size-unchecked", "src/torchelmo/io/download.py",
         "a Content-Length over the size limit is not refused before the body is read",
         "                if expected is not None and expected > max_bytes:\n",
         "                if False:\n",
-        (f"{R2}::test_a_download_has_a_size_limit",)),
+        ("tests/test_downloads.py::test_a_download_has_a_size_limit",)),
     Mutation(
         "size-limit-doubled", "src/torchelmo/io/download.py",
         "a body without Content-Length may grow to twice the size limit",
         "                        if got > max_bytes:\n",
         "                        if got > 2 * max_bytes:\n",
-        (f"{R2}::test_a_download_has_a_size_limit", f"{R3}::test_the_size_limit_is_exact")),
+        ("tests/test_downloads.py::test_a_download_has_a_size_limit", "tests/test_downloads.py::test_the_size_limit_is_exact")),
     Mutation(
         "redirect-to-any-scheme", "src/torchelmo/io/download.py",
         "redirects to schemes other than http(s) are followed (urllib alone follows ftp:)",
         '        if scheme not in ("http", "https"):\n',
         "        if False:\n",
-        (f"{R1}::test_redirects_to_other_schemes_are_refused[ftp://127.0.0.1/w.hdf5]",)),
+        ("tests/test_downloads.py::test_redirects_to_other_schemes_are_refused[ftp://127.0.0.1/w.hdf5]",)),
     # -- train/checkpoint.py ----------------------------------------------------------------------
     Mutation(
         "checkpoint-weights-only-false", "src/torchelmo/train/checkpoint.py",
         "checkpoints are unpickled with weights_only=False: a planted pickle runs code",
         'ckpt = torch.load(path, map_location="cpu", weights_only=True)',
         'ckpt = torch.load(path, map_location="cpu", weights_only=False)',
-        (f"{R2}::test_a_checkpoint_holding_os_system_is_refused_by_name",)),
+        ("tests/test_untrusted_files.py::test_a_checkpoint_holding_os_system_is_refused_by_name",)),
     Mutation(
         "checkpoint-saved-in-place", "src/torchelmo/train/checkpoint.py",
         "checkpoint.pt is written in place: a failure destroys the previous checkpoint",
         "    with atomic_path(path) as tmp:\n        # Through a GuardedWriter",
         '    with __import__("contextlib").nullcontext(path) as tmp:\n        # Through a GuardedWriter',
-        (FULL_DISK_CKPT, f"{R3}::test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint")),
+        (FULL_DISK_CKPT, "tests/test_writes.py::test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint")),
     Mutation(
         "checkpoint-write-error-ignored", "src/torchelmo/train/checkpoint.py",
         "a checkpoint whose write failed is renamed into place as if complete",
         "        if out.error is not None:\n            raise write_error(path, out.error",
         "        if False:\n            raise write_error(path, out.error",
-        (FULL_DISK_CKPT, f"{R3}::test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint")),
+        (FULL_DISK_CKPT, "tests/test_writes.py::test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint")),
     Mutation(
         "kept-checkpoints-not-pruned", "src/torchelmo/train/checkpoint.py",
         "--keep-checkpoints keeps every snapshot instead of the last N",
@@ -324,34 +332,34 @@ MUTATIONS = [
         "a failed dataset write is not noticed at once: the run embeds the rest of the input into a full disk",
         '            self.file.create_dataset(name, data=arr, dtype="float32")\n        self.check()\n',
         '            self.file.create_dataset(name, data=arr, dtype="float32")\n',
-        (FULL_DISK_EMBED, f"{R3}::test_a_full_disk_stops_embedding_at_once")),
+        (FULL_DISK_EMBED, "tests/test_writes.py::test_a_full_disk_stops_embedding_at_once")),
     Mutation(
         "h5-close-error-unchecked", "src/torchelmo/embed/writer.py",
         "a write that fails while the close flushes goes unnoticed: a damaged OUTPUT is renamed into place",
         "        if exc[0] is None:\n            self.check()",
         "        if False:\n            self.check()",
-        (FULL_DISK_EMBED, f"{R3}::test_a_write_that_fails_in_the_closing_flush_leaves_no_output")),
+        (FULL_DISK_EMBED, "tests/test_writes.py::test_a_write_that_fails_in_the_closing_flush_leaves_no_output")),
     Mutation(
         "merge-written-in-place", "src/torchelmo/embed/hdf5.py",
         "embed-merge writes OUTPUT in place: a full disk leaves a partial file under its name",
         "        with Interrupts() as interrupts, atomic_path(output_path) as tmp, \\\n",
         '        with Interrupts() as interrupts, __import__("contextlib").nullcontext(output_path) as tmp, \\\n',
-        (FULL_DISK_EMBED, f"{R3}::test_a_simulated_full_disk_in_embed_merge_leaves_nothing")),
+        (FULL_DISK_EMBED, "tests/test_writes.py::test_a_simulated_full_disk_in_embed_merge_leaves_nothing")),
     # -- train/metrics.py ------------------------------------------------------------------------
     Mutation(
         "metrics-not-trimmed-on-resume", "src/torchelmo/train/metrics.py",
         "a resumed run keeps the metrics lines logged after its checkpoint, then logs those steps again",
         'if isinstance(entry, dict) and entry.get("step", 0) <= resumed_at:',
         "if isinstance(entry, dict):",
-        (f"{R2}::test_resume_drops_the_metrics_logged_after_the_checkpoint",)),
+        ("tests/test_resume_and_repeat.py::test_resume_drops_the_metrics_logged_after_the_checkpoint",)),
     Mutation(
         "metrics-last-validation-forgotten", "src/torchelmo/train/metrics.py",
         "a resumed run forgets the last validation kept from before its checkpoint (a finished run resumed "
         "reports none)",
         "                        self.last_valid = entry\n",
         "                        pass\n",
-        (f"{R1}::test_resuming_a_finished_run_adds_no_metrics_line",
-         f"{R2}::test_resume_drops_the_metrics_logged_after_the_checkpoint")),
+        ("tests/test_resume_and_repeat.py::test_resuming_a_finished_run_adds_no_metrics_line",
+         "tests/test_resume_and_repeat.py::test_resume_drops_the_metrics_logged_after_the_checkpoint")),
 ]
 
 # The isolation check: a syntax error in the copy must fail the tests, which proves that the
@@ -360,7 +368,7 @@ ISOLATION = Mutation(
     "isolation-check", "src/torchelmo/io/fileio.py",
     "a deliberate syntax error: must fail, else the tests import some other copy of torchelmo",
     "def _host() -> str:\n", "def _host() -> str:\n    ) not python (\n",
-    (f"{R2}::test_resume_drops_the_metrics_logged_after_the_checkpoint",))
+    ("tests/test_resume_and_repeat.py::test_resume_drops_the_metrics_logged_after_the_checkpoint",))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,7 +508,7 @@ def run_mutant(m: Mutation, snapshot: Path, timeout: float, baseline: dict | Non
             entry["note"] = f"pytest ended with status {r['rc']} (a signal or crash, not a failed assertion)"
     if m.survives_because:
         entry["survives_because"] = m.survives_because
-    entry["new_test"] = any(arg.startswith(R3) for arg in m.selection)
+    entry["new_test"] = any(arg.split("::")[-1] in WRITTEN_FOR_SURVIVORS for arg in m.selection)
     return entry
 
 

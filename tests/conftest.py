@@ -1,4 +1,6 @@
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -100,48 +102,19 @@ def check_stateful_fixture(model_dir, sentences_file, device="cpu", atol=1e-6, b
 
 # -- the `core` marker ---------------------------------------------------------------------------
 # Core tests need neither ../shared nor an optional extra: `pytest -m core` runs them in a bare
-# clone in about a minute. A test is core unless it asks for a fixture that reads ../shared, its
-# own code names ../shared or a helper that does, or its module imports an optional extra (or
-# declares EXTRAS_NEEDED, for one that reaches an extra another way).
+# clone. Each test module declares its own (`pytestmark = pytest.mark.core`, or the mark on each
+# such test); a core test that asks for a fixture reading ../shared is refused at collection.
 SHARED_FIXTURES = {"allennlp_dir", "bilmtf_dir", "fixture_model", "fixture_corpus", "ptb_slice", "tiny_run",
                    "sentences", "model_args", "default_model"}
-SHARED_NAMES = ("shared_path(", "SHARED", "FIXTURES", "DATA /", "DATA,", "../shared", "check_stateful_fixture",
-                "fixture_corpus", "UD_", "PTB")
 EXTRAS = ("onnx", "onnxruntime", "spacy", "triton", "huggingface_hub", "matplotlib", "nltk", "flair",
           "elmoformanylangs")
 
 
-def _needs_more(item) -> bool:
-    import ast
-    import inspect
-    import re
-    if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    module = inspect.getsource(item.module)
-    if _imports_an_extra(module) or "EXTRAS_NEEDED" in module:
-        return True
-    # The module's own constants built from ../shared (UD = DATA / ...) and its helpers that
-    # read it (def ewt(split): return shared_path(...)) count as ../shared.
-    names = [*SHARED_NAMES, *SHARED_FIXTURES,
-             *re.findall(r"^([A-Z_][A-Z0-9_]*)\s*=.*(?:DATA|SHARED|FIXTURES|shared_path)", module, re.M)]
-    for node in ast.parse(module).body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_") and any(
-                n in ast.get_source_segment(module, node) for n in names):
-            names.append(f"{node.name}(")
-    sources = [inspect.getsource(item.function)]
-    for defs in item._fixtureinfo.name2fixturedefs.values():   # fixtures, and theirs
-        for d in defs:
-            try:
-                sources.append(inspect.getsource(d.func))
-            except (OSError, TypeError):   # pytest's own fixtures
-                pass
-    return any(name in source for source in sources for name in names)
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if not _needs_more(item):
-            item.add_marker(pytest.mark.core)
+        shared = SHARED_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("core") and shared:
+            raise pytest.UsageError(f"{item.nodeid} is marked core but reads ../shared through {sorted(shared)}")
 
 
 def _imports_an_extra(source: str) -> bool:
@@ -155,3 +128,31 @@ def pytest_ignore_collect(collection_path, config):
             and collection_path.name.startswith("test_"):
         return _imports_an_extra(collection_path.read_text(encoding="utf-8")) or None
     return None
+
+
+# -- fixtures of the reliability tests ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, fixture_corpus):
+    """A finished three-step run of the tiny model, with validation."""
+    data, vocab = fixture_corpus
+    tmp = tmp_path_factory.mktemp("run")
+    from torchelmo.train import train
+    cfg = base_config(tmp, data, vocab, max_steps=3, valid=[str(data)], eval_every=3, checkpoint_every=3)
+    train(cfg, log=lambda s: None)
+    return tmp / "run"
+
+
+# Writing: a full disk, a read-only or wrong place, temp files of killed runs.
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (mounting needs root; elsewhere the test is skipped, saying so)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a full disk is simulated with a small tmpfs, which only root can mount")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+

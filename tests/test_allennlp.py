@@ -57,6 +57,7 @@ def exported(tmp_path_factory):
 SENTS = [["The", "cat", "sat", "."], ["A", "dog"], ["Birds", "fly", "south", "in", "winter", "."]]
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("layer_norm", [False, True])
 @pytest.mark.parametrize("keep", [False, True])
 @pytest.mark.parametrize("stateful", [False, True])
@@ -81,6 +82,7 @@ def test_same_numbers_as_native_api(exported, layer_norm, keep, stateful):
                 torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.core
 def test_layer_norm_statistics_include_the_boundaries(exported):
     # AllenNLP mixes before removing <S> and </S>: the layer-norm mean and variance include them.
     opts, weights, bilm = exported
@@ -103,6 +105,7 @@ def test_layer_norm_statistics_include_the_boundaries(exported):
     assert (alt[0, :4] - got[0, :4]).abs().max() > 1e-3
 
 
+@pytest.mark.core
 def test_vocab_to_cache_takes_word_ids(exported):
     opts, weights, _ = exported
     vocab = ["@@PADDING@@", "The", "cat", "sat", ".", "A", "dog"]

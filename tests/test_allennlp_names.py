@@ -121,6 +121,7 @@ def _positional(fn):
 E = inspect.Parameter.empty
 
 
+@pytest.mark.core
 def test_signatures_are_allennlps():
     assert _positional(_ElmoBiLm) == [("options_file", E), ("weight_file", E), ("requires_grad", False),
                                       ("vocab_to_cache", None)]
@@ -226,6 +227,7 @@ def test_elmo_lstm_is_a_view_of_the_same_bilm_and_resets(files):
     assert Elmo(None, None, 1, module=_ElmoBiLm(*files)).bilm is not None     # module= an _ElmoBiLm
 
 
+@pytest.mark.core
 def test_scalar_mix_has_allennlps_layout():
     torch.manual_seed(0)
     tensors = [torch.randn(2, 5, 4) * (k + 1) + k for k in range(3)]
@@ -317,6 +319,7 @@ def test_token_embedder(files, monkeypatch):
         ElmoTokenEmbedder(files[0])
 
 
+@pytest.mark.core
 def test_character_mapper_and_indexer():
     m = ELMoCharacterMapper
     assert (m.max_word_length, m.beginning_of_sentence_character, m.end_of_sentence_character,

@@ -109,6 +109,7 @@ def test_weighted_average_interpolates(run, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.core
 def test_keep_checkpoints_must_be_non_negative(tmp_path):
     from torchelmo.errors import ElmoError
     with pytest.raises(ElmoError, match="keep_checkpoints"):

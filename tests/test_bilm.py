@@ -152,6 +152,7 @@ def test_e0_is_context_free(fixture_model):
     assert not torch.allclose(a[2][0, 0], b[2][0, 3], atol=1e-3)
 
 
+@pytest.mark.core
 def test_gradients_finite_differences_float64():
     """Analytic gradients of every parameter kind vs central finite differences (gradcheck)."""
     model = _tiny_random(seed=5, cell_clip=None, proj_clip=None).double().train()
@@ -166,6 +167,7 @@ def test_gradients_finite_differences_float64():
     assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.core
 def test_gradients_with_clipping_float64():
     # Clipping active (small clip values): gradients are still exact away from the clip boundary.
     model = _tiny_random(seed=6, cell_clip=0.3, proj_clip=0.2).double()
@@ -181,6 +183,7 @@ def test_gradients_with_clipping_float64():
     assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.core
 def test_a_frozen_bilm_under_autograd_runs_the_inference_path(monkeypatch):
     # Elmo keeps its biLM frozen while the task model trains with autograd on: the biLM's outputs
     # need no gradient path, so no graph is kept, no training path (nor any of its compiled

@@ -5,12 +5,14 @@ from torchelmo import ElmoError, batch_to_ids, word_to_char_ids
 from torchelmo.model.chars import BOS_IDS, EOS_IDS
 
 
+@pytest.mark.core
 def test_published_example():
     # From the published mapping (ids shifted by +1): "Second".
     assert list(word_to_char_ids("Second")[:10]) == [259, 84, 102, 100, 112, 111, 101, 260, 261, 261]
     assert len(word_to_char_ids("Second")) == 50
 
 
+@pytest.mark.core
 def test_sentence_markers_are_whole_tokens():
     assert list(BOS_IDS[:4]) == [259, 257, 260, 261]
     assert list(EOS_IDS[:4]) == [259, 258, 260, 261]
@@ -19,6 +21,7 @@ def test_sentence_markers_are_whole_tokens():
     assert word_to_char_ids("<S>x") != BOS_IDS
 
 
+@pytest.mark.core
 def test_truncation_to_48_bytes():
     ids = word_to_char_ids("a" * 100)
     assert ids[0] == 259 and ids[49] == 260 and ids[1:49] == (98,) * 48
@@ -28,6 +31,7 @@ def test_truncation_to_48_bytes():
     assert list(ids[1:49]) == [b + 1 for b in raw]
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("word", ["café", "北京", "😀", "\ud800", "a\udfffb", "\x00", " "])
 def test_any_str(word):
     ids = word_to_char_ids(word)
@@ -35,11 +39,13 @@ def test_any_str(word):
     assert ids[0] == 259
 
 
+@pytest.mark.core
 def test_distinct_words_distinct_ids():
     assert word_to_char_ids("\ud800") != word_to_char_ids("\ud801")
     assert word_to_char_ids("😀") != word_to_char_ids("😁")
 
 
+@pytest.mark.core
 def test_batch_padding():
     ids = batch_to_ids([["a", "b", "c"], ["d"], []])
     assert ids.shape == (3, 3, 50) and ids.dtype == torch.long
@@ -52,6 +58,7 @@ def test_all_empty_sentences():
     assert batch_to_ids([[], []]).shape == (2, 0, 50)
 
 
+@pytest.mark.core
 def test_bad_batches():
     with pytest.raises(ElmoError, match="empty batch"):
         batch_to_ids([])

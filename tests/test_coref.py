@@ -88,6 +88,7 @@ def docs_named(names):
     return [CorefDocument(n, [["x"]], []) for n in names]
 
 
+@pytest.mark.core
 def test_split_by_novel_is_the_seeded_shuffle():
     names = [f"{k}_novel_brat" for k in range(100)]
     random.Random(7).shuffle(names)  # input order does not matter: the names are sorted first
@@ -112,6 +113,7 @@ def test_split_by_novel_is_the_seeded_shuffle():
         split_documents(docs_named("aab"))
 
 
+@pytest.mark.core
 def test_pairs_labels_and_units_by_hand():
     d = CorefDocument("a", [["Alice", "saw", "her", "sister"], ["She", "left", "."]],
                       [Mention(1, 0, 1, 1), Mention(0, 2, 4, 2), Mention(0, 0, 1, 1), Mention(0, 2, 3, 1)])
@@ -128,6 +130,7 @@ def test_pairs_labels_and_units_by_hand():
     assert build_pairs([d], max_antecedents=1).pairs.tolist() == [[0, 1], [1, 2], [2, 3]]
 
 
+@pytest.mark.core
 def test_pairs_window_of_50():
     ms = [Mention(0, k, k + 1, k % 7) for k in range(60)]
     cs = build_pairs([CorefDocument("a", [["w"] * 60], ms)])
@@ -137,6 +140,7 @@ def test_pairs_window_of_50():
     assert (cs.labels == (cs.pairs[:, 0] % 7 == cs.pairs[:, 1] % 7)).all()
 
 
+@pytest.mark.core
 def test_pairwise_f1_counts_by_hand():
     labels = np.array([1, 0, 0, 1, 1, 0])
     pred = np.array([1, 1, 0, 0, 1, 0])
@@ -156,6 +160,7 @@ def synthetic(n_docs, rng, n_mentions=30, n_entities=5):
     return docs
 
 
+@pytest.mark.core
 def test_run_coref_learns_an_oracle_layer():
     """E0 a noisy code of the entity, E1 noise, E2 the clean code: the probe must tell them apart."""
     rng = np.random.default_rng(0)

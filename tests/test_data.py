@@ -82,6 +82,7 @@ def test_vocab_fixture_file(bilmtf_dir):
 
 
 # -- corpus ----------------------------------------------------------------------------------------
+@pytest.mark.core
 def test_expand_files_globs_and_errors(tmp_path, corpus_files):
     assert expand_files([str(tmp_path / "part-*.txt")]) == corpus_files
     assert expand_files([corpus_files[1], str(tmp_path / "*.txt")]) == [corpus_files[1], corpus_files[0]]
@@ -187,6 +188,7 @@ def test_contiguous_streams_cover_the_text(corpus_files, sents):
             assert tgts[d][r] == v.ids(tgt)
 
 
+@pytest.mark.core
 def test_training_streams_resume_and_split_over_ranks(corpus_files):
     v = Vocabulary.build(corpus_files)
     c = lambda: Corpus(corpus_files, seed=2, block_lines=8)  # noqa: E731
@@ -217,6 +219,7 @@ def test_training_streams_resume_and_split_over_ranks(corpus_files):
         StreamBatcher(c(), v, 5, 5, rank=0, world_size=2)
 
 
+@pytest.mark.core
 def test_stream_epochs_end(corpus_files, sents):
     v = Vocabulary.build(corpus_files)
     total = sum(b.n_targets for b in StreamBatcher(Corpus(corpus_files), v, 3, 7, epochs=1))
@@ -224,6 +227,7 @@ def test_stream_epochs_end(corpus_files, sents):
 
 
 # -- sentence batches ------------------------------------------------------------------------------
+@pytest.mark.core
 def test_sentence_batches_by_tokens_cover_epoch(corpus_files, sents):
     v = Vocabulary.build(corpus_files)
     sb = SentenceBatcher(Corpus(corpus_files, seed=1), v, batch_tokens=40, epochs=1, pool_size=20, seed=1)
@@ -237,6 +241,7 @@ def test_sentence_batches_by_tokens_cover_epoch(corpus_files, sents):
     assert sorted(seen) == sorted(tuple(ids(s)) for s in sents)
 
 
+@pytest.mark.core
 def test_sentence_batches_resume_and_ranks(corpus_files):
     v = Vocabulary.build(corpus_files)
     c = lambda: Corpus(corpus_files, seed=4)  # noqa: E731
@@ -261,6 +266,7 @@ def test_sentence_batches_resume_and_ranks(corpus_files):
             [batch_tokens(full, 0)[i] for i in list(range(0, len(full.lengths), 2)) + list(range(1, len(full.lengths), 2))]
 
 
+@pytest.mark.core
 def test_batch_tokens_sorted_by_length_with_their_runs():
     rows = [(["<S>", "a", "elephant"], [4, 5, 6], ["</S>", "elephant", "a"], [5, 4, 1]),
             (["<S>", "bb"], [7, 8], ["</S>", "bb"], [7, 1])]

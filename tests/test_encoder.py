@@ -14,6 +14,7 @@ CFG = dict(lstm_dim=8, projection_dim=4, char_embed_dim=3, n_highway=1,
            filters=[[1, 3], [2, 3], [3, 4], [5, 4], [7, 5]])
 
 
+@pytest.mark.core
 def test_char_cnn_fast_path_equals_reference():
     """The grouped, all-widths-in-one-matmul char-CNN computes the same windows as the plain one,
     for tokens of every length (0 .. 50 characters, windows reaching the end) and arbitrary ids."""
@@ -54,6 +55,7 @@ def _grads(enc, loss):
     return {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.core
 def test_char_cnn_training_gradients_equal_the_reference():
     """In training the char-CNN's max-pool has a written-out backward: its gradients, for every
     parameter, equal autograd's through the plain char-CNN (float64), with the tokens in any order
@@ -70,6 +72,7 @@ def test_char_cnn_training_gradients_equal_the_reference():
         torch.testing.assert_close(planned[name], ref[name], atol=1e-10, rtol=0, msg=name)
 
 
+@pytest.mark.core
 def test_char_cnn_training_on_bf16_operands():
     """The written-out backward on bfloat16 operands (as ``--precision bf16`` trains on a CPU): values and gradients within bf16's rounding of the float64 reference."""
     enc, ids = _all_lengths_encoder(torch.float32)
@@ -95,6 +98,7 @@ def test_char_cnn_training_on_bf16_operands():
                                    msg=name)
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_max_and_position_equal_torch_max(dtype):
@@ -126,6 +130,7 @@ def test_host_token_plan_gives_the_same_embeddings():
         torch.testing.assert_close(model.encoder(ids, plan), model.encoder(ids), rtol=0, atol=1e-6)
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bilm_takes_host_ids_for_a_gpu_model():
     model = BiLM.from_pretrained("default").cuda()
@@ -136,6 +141,7 @@ def test_bilm_takes_host_ids_for_a_gpu_model():
         torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
 
 
+@pytest.mark.core
 def test_highway_in_place_without_autograd_equals_autograd():
     # Without autograd the highway works in its product's memory; its numbers and its output
     # type are those of the autograd path, also where autocast makes the product bf16.
@@ -152,6 +158,7 @@ def test_highway_in_place_without_autograd_equals_autograd():
     assert fast.dtype == slow.dtype == torch.float32 and torch.equal(fast, slow)
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 def test_compiled_max_pool_at_bf16_inference_equals_the_eager_one(monkeypatch):
     # At inference on bf16 operands each length group's max-pool (max over positions, bias, the
@@ -173,6 +180,7 @@ def test_compiled_max_pool_at_bf16_inference_equals_the_eager_one(monkeypatch):
     assert fused.dtype == torch.float32 and torch.equal(fused, eager)
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 def test_compiled_highway_equals_the_eager_one():
     # The highway's compiled loop from the bf16 product (bias, relu, sigmoid, mix) against the same

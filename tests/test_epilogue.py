@@ -15,6 +15,8 @@ from torchelmo.numerics import compiled, epilogue
 from torchelmo.numerics import lstm as L
 from torchelmo.numerics.precision import resolve_precision
 
+pytestmark = pytest.mark.core   # needs neither ../shared nor an optional extra
+
 needs_compiler = pytest.mark.skipif(not compiled.compiler_found(), reason="no C++ compiler for torch.compile")
 
 

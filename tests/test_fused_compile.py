@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.core   # needs neither ../shared nor an optional extra
+
 # Only looked up, not imported: importing Triton here, before test_fused asks for its CPU
 # interpreter, would leave the kernels half-built for the GPU in this process.
 if importlib.util.find_spec("triton") is None:

@@ -4,6 +4,8 @@
 import json
 import re
 
+import pytest
+
 from conftest import ROOT
 from torchelmo import BiLM
 from torchelmo.cli import main
@@ -39,6 +41,7 @@ def test_info_states_the_default_model_in_one_line(capsys):
     assert first in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.core
 def test_info_list_names_default_aliases_and_published(capsys):
     assert main(["info", "--list"]) == 0
     out = capsys.readouterr().out

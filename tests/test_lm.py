@@ -39,6 +39,7 @@ def lm(vocab):
 
 
 # -- softmaxes -------------------------------------------------------------------------------------
+@pytest.mark.core
 def test_full_softmax_is_cross_entropy():
     torch.manual_seed(0)
     sm = FullSoftmax(50, 8)
@@ -48,6 +49,7 @@ def test_full_softmax_is_cross_entropy():
     assert torch.allclose(sm.log_probs(h).exp().sum(-1), torch.ones(7), atol=1e-5)
 
 
+@pytest.mark.core
 def test_sampled_softmax_matches_independent_computation():
     torch.manual_seed(1)
     V, P, K = 40, 6, 12
@@ -70,6 +72,7 @@ def test_sampled_softmax_matches_independent_computation():
     assert torch.allclose(sm.nll(h, t), FullSoftmax.nll(sm, h, t))
 
 
+@pytest.mark.core
 def test_log_uniform_sampler_distribution():
     V = 100
     g = torch.Generator().manual_seed(0)
@@ -84,6 +87,7 @@ def test_log_uniform_sampler_distribution():
                        sample_log_uniform(V, 50, torch.Generator().manual_seed(7)))
 
 
+@pytest.mark.core
 def test_adaptive_softmax_normalised():
     torch.manual_seed(2)
     sm = AdaptiveSoftmax(5000, 16)
@@ -96,6 +100,7 @@ def test_adaptive_softmax_normalised():
         AdaptiveSoftmax(100, 4, [50, 20])
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("vocab,cutoffs", [(100, [10, 40]), (5000, None), (12, [3, 6, 9])])
 def test_adaptive_nll_is_torchs_with_its_gradients(vocab, cutoffs):
     # The training loss computes its products through torchelmo.numerics.operands (bf16 operands under
@@ -113,6 +118,7 @@ def test_adaptive_nll_is_torchs_with_its_gradients(vocab, cutoffs):
         assert torch.equal(a, b)
 
 
+@pytest.mark.core
 def test_default_softmax_by_vocab_size():
     assert default_softmax(10_000) == "full" and default_softmax(800_000) == "sampled"
     assert isinstance(make_softmax("auto", 10_000, 4), FullSoftmax)
@@ -236,6 +242,7 @@ def test_init_from_with_new_vocabulary(tmp_path, lm, vocab):
     assert z_new == pytest.approx(z_old - math.log(3), abs=1e-4)
 
 
+@pytest.mark.core
 def test_published_export_of_trained_lm(tmp_path, lm):
     opts, weights = lm.bilm.export_published(tmp_path / "pub")
     back = BiLM.from_published(opts, weights)

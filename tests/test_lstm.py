@@ -8,6 +8,8 @@ import torchelmo.numerics.lstm as L
 from torchelmo.model.bilm import reverse_padded
 from torchelmo.numerics.lstm import BiLstmLayer, lstm_layer, lstm_reference
 
+pytestmark = pytest.mark.core   # needs neither ../shared nor an optional extra
+
 
 @pytest.mark.parametrize("joint_max_k,chunk_bytes", [(512, 64 << 20), (0, 64 << 20), (0, 1)])
 def test_lstm_inference_path_equals_reference(monkeypatch, joint_max_k, chunk_bytes):

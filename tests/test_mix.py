@@ -4,6 +4,7 @@ import torch
 from torchelmo import BiLM, Elmo, ElmoError, ScalarMix, batch_to_ids
 
 
+@pytest.mark.core
 def test_scalar_mix_formula():
     torch.manual_seed(0)
     layers = [torch.randn(2, 4, 6) for _ in range(3)]
@@ -20,6 +21,7 @@ def test_scalar_mix_formula():
     assert float(mix.l2_penalty(0.001).detach()) == pytest.approx(0.001 * (0.25 + 1 + 4))
 
 
+@pytest.mark.core
 def test_scalar_mix_layer_norm_masked():
     torch.manual_seed(1)
     layers = [torch.randn(2, 5, 4) * (k + 1) + k for k in range(3)]
@@ -41,6 +43,7 @@ def test_scalar_mix_layer_norm_masked():
         mix(layers)
 
 
+@pytest.mark.core
 def test_scalar_mix_bad_layer_count():
     with pytest.raises(ElmoError):
         ScalarMix(3)([torch.zeros(1, 1, 1)] * 2)

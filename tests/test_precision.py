@@ -74,6 +74,7 @@ def _bf16_run(input_dim, lstm_dim, proj_dim, lengths, grad, backend=None):
     return layer, x.detach(), out.detach().double()
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
 def test_bf16_training_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lstm_dim, proj_dim):
     # The autograd path: bf16 tensors (one product per step over [x_t ; h_{t-1}], rounded to
@@ -87,6 +88,7 @@ def test_bf16_training_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, lst
     assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cpu+compile", marks=pytest.mark.skipif(
     not compiler_found(), reason="no C++ compiler for torch.compile"))])
 @pytest.mark.parametrize("input_dim,lstm_dim,proj_dim", SHAPES)
@@ -110,6 +112,7 @@ def test_bf16_inference_recurrence_is_bf16_matmuls_with_fp32_gates(input_dim, ls
     assert (out - exact).abs().max() < 2.0 ** -4 * exact.abs().max()
 
 
+@pytest.mark.core
 def test_bf16_weights_are_cast_once_and_recast_when_they_change():
     layer, x, _ = _bf16_run(24, 48, 64, [3, 2], grad=False)
     joint = bf16_cache(layer)["joint"]
@@ -127,6 +130,7 @@ def test_bf16_weights_are_cast_once_and_recast_when_they_change():
         torch.testing.assert_close(run(), lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0)[0])  # no scope: fp32
 
 
+@pytest.mark.core
 def test_bf16_inference_after_a_fused_optimizer_step_uses_the_new_weights():
     # PyTorch's fused optimizers update weights in place without bumping their version counters:
     # the cached bf16 casts must still follow (the trainer validates in bf16 between steps).
@@ -146,6 +150,7 @@ def test_bf16_inference_after_a_fused_optimizer_step_uses_the_new_weights():
             torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+@pytest.mark.core
 def test_a_models_bf16_casts_are_its_own():
     # Another model's training pass and optimizer step leave this model's cached casts in place
     # (the cache used to go stale with any training pass in the process); its own step does not.
@@ -170,6 +175,7 @@ def test_a_models_bf16_casts_are_its_own():
     assert bf16_cache(mine.layers[0])["joint"] is not cached
 
 
+@pytest.mark.core
 def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
     # Highway and projection: bf16 weights (cached) and activations, fp32 bias and gates; the
     # same numbers to bf16 accuracy; autograd (training) keeps fp32 tensors.
@@ -188,6 +194,7 @@ def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
         assert model.encoder(ids).requires_grad                  # the training path: no cache
 
 
+@pytest.mark.core
 def test_bf16_training_gradients_reach_fp32_weights():
     # One forward and backward pass of the biLM: under bf16 the char-CNN, highway,
     # projection and recurrence multiply bf16 tensors, so every weight's gradient differs from
@@ -212,6 +219,7 @@ def test_bf16_training_gradients_reach_fp32_weights():
         assert rel > 1e-4, n
 
 
+@pytest.mark.core
 def test_scope_sets_and_restores_the_cpu_math_mode():
     mkl = torch.backends.mkldnn
     before = mkl.matmul.fp32_precision, mkl.conv.fp32_precision
@@ -223,6 +231,7 @@ def test_scope_sets_and_restores_the_cpu_math_mode():
     assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == before
 
 
+@pytest.mark.core
 def test_auto_follows_the_hardware(monkeypatch):
     assert resolve_precision("auto", "cpu").name == ("bf16" if BF16_UNITS else "fp32")
     assert resolve_precision("auto", "cuda").name == "fp32"
@@ -246,6 +255,7 @@ def test_auto_follows_the_hardware(monkeypatch):
         assert resolve_precision("bf16", "cpu").name == "bf16"
 
 
+@pytest.mark.core
 def test_cpu_support_respects_onednn_isa_ceiling(monkeypatch):
     monkeypatch.setattr(precision_mod, "_cpu_flags", lambda: {"avx512_bf16", "amx_bf16"})
     monkeypatch.setattr(precision_mod, "_amx_usable", lambda: True)
@@ -278,6 +288,7 @@ class ScopeCounter:
             monkeypatch.setattr(lm.softmax, "nll", watched)
 
 
+@pytest.mark.core
 def test_precision_is_applied_once_per_forward(monkeypatch):
     torch.manual_seed(0)
     model = BiLM(preset("tiny"), precision="bf16").eval()
@@ -324,6 +335,7 @@ def test_bf16_training_resumes_exactly(tmp_path, fixture_corpus):
     assert all(v.dtype == torch.float32 for v in a.values() if v.is_floating_point())
 
 
+@pytest.mark.core
 def test_cli_precision_choices(tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a b c\n")
@@ -338,6 +350,7 @@ def test_cli_precision_choices(tmp_path, capsys):
     assert machine.startswith("precision: CPU") and ("auto picks bf16" in machine) == BF16_UNITS
 
 
+@pytest.mark.core
 def test_cli_backend_option(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("a b c\n")
@@ -346,6 +359,7 @@ def test_cli_backend_option(tmp_path):
         main(["embed", str(src), str(tmp_path / "x.hdf5"), "--backend", "cudnn"])
 
 
+@pytest.mark.core
 def test_padded_rows_are_few_sizes_at_most_a_sixteenth_more():
     sizes = [padded_rows(m) for m in range(1, 4097)]
     assert all(m <= p <= m + m / 16 for m, p in zip(range(1, 4097), sizes))
@@ -354,6 +368,7 @@ def test_padded_rows_are_few_sizes_at_most_a_sixteenth_more():
     assert all(padded_rows(p) == p for p in sizes)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("rows", [1, 37, 1111])
 def test_padded_products_equal_plain_ones(rows):
     # Values and gradients of mm and linear on padded bf16 rows equal the plain bf16 product's
@@ -382,6 +397,7 @@ def test_padded_products_equal_plain_ones(rows):
     torch.testing.assert_close(got, layer(x), rtol=0.02, atol=0.05)
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not BF16_UNITS, reason="oneDNN compiles bf16 kernels only where the CPU has bf16 units")
 def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     # Row counts 1,025..1,088 (a batch's distinct tokens, say) make one padded shape: one
@@ -401,6 +417,7 @@ def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     assert compiled and len(compiled) <= 2, compiled
 
 
+@pytest.mark.core
 def test_linear_adds_its_bias_once_on_every_path():
     # fp32, under autocast (what bf16 does where the operands are not bf16 tensors: the bias comes
     # with F.linear's own product) and on bf16 operands (the bias added after, in fp32).
@@ -417,6 +434,7 @@ def test_linear_adds_its_bias_once_on_every_path():
     assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1
 
 
+@pytest.mark.core
 def test_a_model_in_a_second_thread_computes_at_its_precision():
     # The scope's nesting is per thread: while one thread is inside the model's scope, another
     # thread's forward still applies bf16 (it used to see the first thread's flag and skip it).

@@ -79,6 +79,7 @@ def test_wnut_counts_and_bio():
     assert bio_spans(["I-x", "I-x", "I-y", "O", "B-x", "B-x"]) == {(0, 2, "x"), (2, 3, "y"), (4, 5, "x"), (5, 6, "x")}
 
 
+@pytest.mark.core
 def test_wnut_bad_tag(tmp_path):
     p = tmp_path / "bad.conll"
     p.write_text("a\tO\n\t\nb\tPERSON\n")
@@ -113,6 +114,7 @@ def test_semcor_full_counts():
     assert sc.sentences[0][first.start:first.end] == ["Fulton", "County", "Grand", "Jury"]
 
 
+@pytest.mark.core
 def test_wsd_bad_input(tmp_path):
     from torchelmo.probe.wsd import read_raganato, read_sense_index
     x = tmp_path / "t.data.xml"
@@ -145,6 +147,7 @@ def test_sense_index_first_senses():
 
 # -- statistics ----------------------------------------------------------------------------------
 
+@pytest.mark.core
 def test_bootstrap_interval_is_sane():
     rng = np.random.default_rng(1)
     correct = (rng.random(4000) < 0.8).astype(float)
@@ -161,6 +164,7 @@ def test_bootstrap_interval_is_sane():
         bootstrap_ci(np.zeros((0, 2)), accuracy_from_counts)
 
 
+@pytest.mark.core
 def test_paired_bootstrap_of_a_difference():
     rng = np.random.default_rng(2)
     a = (rng.random(4000) < 0.8).astype(float)
@@ -346,6 +350,7 @@ def test_cli_all_writes_results_and_report(allennlp_dir, tmp_path, capsys):
     assert rc == 1 and err[-1].startswith("elmo probe: error:") and "bad.conllu:1" in err[-1]
 
 
+@pytest.mark.core
 def test_ner_tagger_is_not_stopped_before_min_epochs():
     # Noise features and a dev set without entities: dev F1 stays 0 from epoch 1, yet the tagger must get min_epochs before
     # early stopping (entities are rare; a real tagger predicts all O for its first epochs).
@@ -432,6 +437,7 @@ def _summary(task, e1, e2, ci):
             "baseline": {"majority": 0.2}}
 
 
+@pytest.mark.core
 def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(tmp_path):
     from torchelmo.probe.report import ordering, render
     assert ordering("E1", "E2", {"diff": 0.004, "ci": [-0.001, 0.009]}) is None
@@ -468,6 +474,7 @@ def test_report_claims_an_ordering_only_when_the_paired_interval_excludes_zero(t
     assert "Paper's ordering E1 > E2 for POS: **not tested**" in report
 
 
+@pytest.mark.core
 def test_static_corpus_is_read_as_sentence_files(tmp_path):
     from torchelmo.probe.ner import train_static_embeddings
     corpus = tmp_path / "c.txt"
@@ -479,6 +486,7 @@ def test_static_corpus_is_read_as_sentence_files(tmp_path):
         train_static_embeddings([corpus], dim=2, min_count=1, log=lambda m: None)
 
 
+@pytest.mark.core
 def test_ner_taggers_over_several_seeds_and_paired_differences(tmp_path):
     # Synthetic inputs of known difficulty: "mix" (3 layers, one of them a noisy code of the gold
     # tag), "E0" (a noisier code), "static" (noise). Each input is trained once per seed.

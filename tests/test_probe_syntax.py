@@ -80,6 +80,7 @@ def test_treebank_reader_splits_by_file_and_drops_empty_elements(tmp_path):
     assert len(read_treebank(zp)) == 8 and len(read_treebank(zp, "train", limit=3)) == 3
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("text, message", [
     ("( (S (NN cat) )\n", r":1: end of file inside a tree"),
     ("( (S (NN cat) )))\n", r":1: '\)' closes no bracket"),
@@ -126,6 +127,7 @@ def test_conllu_trees_skip_ranges_and_empty_nodes(tmp_path):
     assert len(read_conllu_trees(p, limit=2)) == 2
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("head, rel, message", [
     ("7", "det", r"t\.conllu:3: word 2 has head '7'; expected 0 \(ROOT\) or another word of the sentence "
                  r"\(1\.\.2\)"),
@@ -162,6 +164,7 @@ def test_read_columns(tmp_path):
 
 # -- the dependency probes' metric -----------------------------------------------------------------
 
+@pytest.mark.core
 def test_uas_of_a_hand_set_scorer_and_of_the_neighbour_baselines():
     from torchelmo.probe.common import Standardize
     from torchelmo.probe.deps import (
@@ -320,6 +323,7 @@ def _fake_run(folder, e1, e2, ci):
     write_results(folder / "results.json", {"pos_wsj": task, "coref": {**task, "mix_weights": [0.1, 0.2, 0.7]}})
 
 
+@pytest.mark.core
 def test_cli_compare_runs_side_by_side(tmp_path, capsys):
     from torchelmo.cli import main
     _fake_run(tmp_path / "default", 0.90, 0.90, [-0.004, 0.004])       # no ordering

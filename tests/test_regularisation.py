@@ -29,6 +29,7 @@ def _inputs(seed=1):
     return x, torch.tensor([7, 4, 6])
 
 
+@pytest.mark.core
 def test_weight_drop_is_one_mask_per_window_on_the_recurrent_matrix():
     model = _bilm(regularisation=Regularisation(weight_drop=0.5))
     model.train()
@@ -57,6 +58,7 @@ def test_weight_drop_is_one_mask_per_window_on_the_recurrent_matrix():
         assert (layer.w_h.grad[m != 0] != 0).float().mean() > 0.9
 
 
+@pytest.mark.core
 def test_evaluation_ignores_dropout_and_weight_drop():
     model = _bilm()
     x, lengths = _inputs()
@@ -69,6 +71,7 @@ def test_evaluation_ignores_dropout_and_weight_drop():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+@pytest.mark.core
 def test_variational_mask_is_shared_over_time():
     torch.manual_seed(0)
     x = torch.ones(2, 3, 40, 64)

@@ -34,6 +34,7 @@ def _parser_of(command):
     return dict((" ".join(p), q) for p, q in _walk(build_parser()))[command]
 
 
+@pytest.mark.core
 def test_every_subcommand_and_option_has_help():
     missing = []
     for path, parser in _walk(build_parser()):
@@ -48,6 +49,7 @@ def test_every_subcommand_and_option_has_help():
     assert not missing, "no help text: " + ", ".join(missing)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_model_commands_take_device_and_threads(command):
     p = _parser_of(command)
@@ -57,6 +59,7 @@ def test_model_commands_take_device_and_threads(command):
         assert opts["--device"].default == "auto" and opts["--threads"].default is None
 
 
+@pytest.mark.core
 def test_resolve_device(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -77,6 +80,7 @@ def test_resolve_device(monkeypatch):
         resolve_device("cuda:2")
 
 
+@pytest.mark.core
 def test_set_threads():
     n = torch.get_num_threads()
     try:
@@ -142,6 +146,7 @@ def _bar_and_message(emit):
     return err.getvalue()
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("kind", ["warning", "logging"])
 def test_messages_never_share_the_bar_line(kind):
     def emit():
@@ -160,6 +165,7 @@ def test_messages_never_share_the_bar_line(kind):
     assert "30%" in out and "60%" in out
 
 
+@pytest.mark.core
 def test_plain_print_would_share_the_bar_line():
     # The check above can fail: a plain print lands after the bar's text on its line.
     out = _bar_and_message(lambda: print("disk nearly full", file=sys.stderr))
@@ -212,6 +218,7 @@ def test_train_quiet_levels(flags, lines, tmp_path, fixture_corpus, capsys):
         assert err.startswith("elmo train: 2 steps,") and str(tmp_path / "run") in err
 
 
+@pytest.mark.core
 def test_a_signal_after_the_output_is_complete_changes_nothing(tmp_path, monkeypatch, capsys):
     import os
     import signal
@@ -234,6 +241,7 @@ def test_a_signal_after_the_output_is_complete_changes_nothing(tmp_path, monkeyp
     assert not (tmp_path / "p.hdf5").exists()
 
 
+@pytest.mark.core
 def test_sigterm_while_embed_loads_its_model_is_one_line(tmp_path, monkeypatch, capsys):
     import os
     import signal
@@ -275,6 +283,7 @@ for mb in (2, 8, 64):
 """
 
 
+@pytest.mark.core
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc parameters: Linux")
 @pytest.mark.parametrize("policy,mapped", [("default", {2: True, 8: True, 64: True}),
                                            ("bounded_heap", {2: False, 8: True, 64: True}),

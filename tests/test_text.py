@@ -28,12 +28,14 @@ def test_bom_is_dropped_by_every_reader(tmp_path, capsys):
     assert vocab.counts[vocab.id("The")] == 2
 
 
+@pytest.mark.core
 def test_bom_only_at_the_start_of_a_file(tmp_path):
     f = tmp_path / "mid.txt"
     f.write_text("a b\n" + BOM + "c\n", encoding="utf-8")
     assert [ln.tokens for ln in read_lines(f)] == [["a", "b"], [BOM + "c"]]
 
 
+@pytest.mark.core
 def test_resume_at_a_line_end_and_shards(tmp_path):
     f = tmp_path / "t.txt"
     lines = [f"s{i} x" if i % 4 else "" for i in range(11)]
@@ -72,6 +74,7 @@ def _reference_batches(lengths, max_rows, max_tokens):
     return out + ([cur] if cur else [])
 
 
+@pytest.mark.core
 def test_length_batches_follows_the_rule():
     rng = random.Random(0)
     for _ in range(300):
@@ -85,6 +88,7 @@ def test_length_batches_follows_the_rule():
             assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens
 
 
+@pytest.mark.core
 def test_length_batches_ascending_keeps_min_rows():
     lengths = [5, 1, 9, 9, 2, 30]
     # Shortest first; the cap applies from 2 rows on, so [1, 2] may exceed nothing yet and the

@@ -440,6 +440,7 @@ def test_a_run_directory_is_not_reused_silently(tmp_path, fixture_corpus, capsys
     assert "stopped" not in s and s["steps"] == 3
 
 
+@pytest.mark.core
 def test_every_committed_config_loads_and_holds_only_overrides():
     import dataclasses
     root = Path(__file__).resolve().parents[1] / "configs"

@@ -100,6 +100,7 @@ def test_n_characters(allennlp_dir, tmp_path):
     assert ElmoConfig.from_json_file(_write(tmp_path, o)).n_characters == 262
 
 
+@pytest.mark.core
 def test_bad_json(tmp_path):
     p = tmp_path / "options.json"
     p.write_text('{"lstm": ')
@@ -156,6 +157,7 @@ def test_bad_native(fixture_model, tmp_path):
         BiLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.core
 def test_unknown_model_name():
     with pytest.raises(ElmoError, match="not a published model name"):
         BiLM.from_pretrained("no-such-model")

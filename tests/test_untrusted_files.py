@@ -1,0 +1,218 @@
+"""Hostile and damaged files: no code runs from a checkpoint, options or weights file, and
+each bad one ends in one line naming the file and what is wrong (docs/reliability.md)."""
+
+import os
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from helpers import one_line_error, tiny_published, write_lines
+from torchelmo.errors import ElmoError
+from torchelmo.train import CHECKPOINT_NAME
+
+
+# Checkpoints: no code runs from one; foreign ones are one-line errors.
+class _Planted:
+    """Unpickling this calls ``Path.touch`` on the marker: the stand-in for arbitrary code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_runs_code_is_refused_on_every_load_path(tmp_path, tiny_run, capsys):
+    ckpt = torch.load(tiny_run / CHECKPOINT_NAME, weights_only=True)
+    marker = tmp_path / "code-ran"
+    run = tmp_path / "evil-run"
+    run.mkdir()
+    ckpt["model"]["extra"] = _Planted(marker)
+    torch.save(ckpt, run / CHECKPOINT_NAME)
+    evil = run / CHECKPOINT_NAME
+    for argv in (["train", "--out", run, "--resume", "--max-steps", "4", "--no-progress"],
+                 ["average", evil, "-o", tmp_path / "avg"]):
+        one_line_error(capsys, argv, str(evil), "refused")
+    from torchelmo.train.checkpoint import load_checkpoint, load_lm
+    for load in (load_checkpoint, load_lm):
+        with pytest.raises(ElmoError, match="refused"):
+            load(evil)
+    assert not marker.exists()
+
+
+def test_foreign_checkpoints_are_one_line_errors(tmp_path, tiny_run, capsys):
+    good = torch.load(tiny_run / CHECKPOINT_NAME, weights_only=True)
+    cases = {
+        "a list": ([1, 2, 3], "not an elmo training checkpoint"),
+        "missing keys": ({k: v for k, v in good.items() if k != "optimizer"}, "missing optimizer"),
+        "wrong shapes": ({**good, "model": {k: v[..., :1] if v.dim() else v for k, v in good["model"].items()}},
+                         "does not fit"),
+    }
+    for name, (content, msg) in cases.items():
+        run = tmp_path / name.replace(" ", "-")
+        run.mkdir()
+        torch.save(content, run / CHECKPOINT_NAME)
+        one_line_error(capsys, ["train", "--out", run, "--resume", "--max-steps", "4", "--no-progress"],
+                       str(run / CHECKPOINT_NAME), msg)
+    adir = tmp_path / "dir-run"
+    (adir / CHECKPOINT_NAME).mkdir(parents=True)
+    one_line_error(capsys, ["train", "--out", adir, "--resume", "--max-steps", "4", "--no-progress"],
+                   "is a directory")
+    one_line_error(capsys, ["average", adir / CHECKPOINT_NAME, "-o", tmp_path / "avg"], "not a native model")
+
+
+# Options and weights: strict types, bounds, finite numbers.
+def _options(**lstm):
+    from torchelmo import preset
+    opts = preset("tiny").to_options()
+    opts["lstm"].update(lstm)
+    return opts
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("change, msg", [
+    ({"use_skip_connections": "false"}, "lstm.use_skip_connections must be true or false"),
+    ({"dim": 64.9}, "lstm.dim must be an integer"),
+    ({"n_layers": True}, "lstm.n_layers must be an integer"),
+    ({"cell_clip": -3.0}, "lstm.cell_clip must be a positive finite number"),
+    ({"cell_clip": float("nan")}, "lstm.cell_clip must be a positive finite number"),
+    ({"proj_clip": "3"}, "lstm.proj_clip must be a number"),
+    ({"dim": 10**12}, "lstm.dim must be in 1..65,536"),
+])
+def test_options_are_not_coerced_or_unbounded(change, msg):
+    from torchelmo import ElmoConfig
+    with pytest.raises(ElmoError, match=f"^opts.json: option {msg}"):
+        ElmoConfig.from_options(_options(**change), "opts.json")
+
+
+@pytest.mark.core
+def test_options_bound_the_model_size_and_filters():
+    from torchelmo import ElmoConfig
+    opts = _options()
+    opts["char_cnn"]["n_highway"] = 10**9
+    with pytest.raises(ElmoError, match="char_cnn.n_highway must be in 0..64"):
+        ElmoConfig.from_options(opts, "o")
+    opts = _options(dim=65_536, projection_dim=65_536)
+    with pytest.raises(ElmoError, match="parameters, more than"):
+        ElmoConfig.from_options(opts, "o")
+    opts = _options()
+    opts["char_cnn"]["filters"] = [[1, 4.0]]
+    with pytest.raises(ElmoError, match="filters entry"):
+        ElmoConfig.from_options(opts, "o")
+
+
+def test_options_file_not_utf8(tmp_path, capsys, fixture_model):
+    bad = tmp_path / "options.json"
+    bad.write_bytes(b'{"lstm": "\xff"}')
+    fixture_model.export_published(tmp_path, "m")
+    one_line_error(capsys, ["embed", "--options-file", bad, "--weight-file", tmp_path / "m_weights.hdf5",
+                            write_lines(tmp_path / "in.txt", 2), tmp_path / "o.h5", "--top"], str(bad), "not UTF-8")
+    assert not (tmp_path / "o.h5").exists()
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("damage, msg", [
+    ("nan", "dataset 'CNN_proj/b_proj' holds 1 non-finite value"),
+    ("inf", "dataset 'CNN_proj/b_proj' holds 1 non-finite value"),
+    ("string", "dataset 'CNN_proj/b_proj' has dtype object, expected floating point"),
+    ("complex", "dataset 'CNN_proj/b_proj' has dtype complex64, expected floating point"),
+    ("truncated", "damaged or truncated HDF5 file"),
+])
+def test_damaged_published_weights_are_one_line_errors(tmp_path, damage, msg):
+
+    from torchelmo import BiLM
+    options, weights = tiny_published(tmp_path)
+    if damage == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) * 2 // 3])
+    else:
+        with h5py.File(weights, "r+") as f:
+            a = f["CNN_proj/b_proj"][...]
+            del f["CNN_proj/b_proj"]
+            if damage in ("nan", "inf"):
+                a[3] = float(damage)
+                f["CNN_proj/b_proj"] = a
+            elif damage == "string":
+                f.create_dataset("CNN_proj/b_proj", data=np.array(["x"] * len(a), dtype=object),
+                                 dtype=h5py.string_dtype())
+            else:
+                f["CNN_proj/b_proj"] = a.astype(np.complex64)
+    with pytest.raises(ElmoError, match=msg) as e:
+        BiLM.from_published(options, weights)
+    assert "\n" not in str(e.value) and str(weights) in str(e.value)
+
+
+@pytest.mark.core
+def test_non_finite_native_weights_name_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from torchelmo import BiLM, preset
+    BiLM(preset("tiny")).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["encoder.proj.bias"][0] = float("nan")
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ElmoError, match="tensor 'encoder.proj.bias' holds 1 non-finite value"):
+        BiLM.from_pretrained(tmp_path)
+
+
+# Messages and documented figures.
+class _System:
+    """Unpickling this would call ``os.system`` (posix.system): never run, since refused."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.core
+def test_a_checkpoint_holding_os_system_is_refused_by_name(tmp_path):
+    from torchelmo.train.checkpoint import load_checkpoint
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {"x": _System(marker)}}, path)
+    with pytest.raises(ElmoError, match=r"refused: holds Python objects \((posix|nt)\.system\)"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.core
+def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
+    # Options files, LM descriptions, train configs, probe results and ELMoForManyLangs configs
+    # share one reader: missing, not UTF-8, not JSON or not an object is one line naming the file
+    # (the LM description and the train config used to raise a bare UnicodeDecodeError).
+    from torchelmo import ElmoConfig
+    from torchelmo.integrations.manylangs.files import _read_json as manylangs_config
+    from torchelmo.io.fileio import read_json
+    from torchelmo.lm.model import EXTRA_CONFIG_NAME, read_lm_meta
+    from torchelmo.probe.report import load_results
+
+    bad = {"latin1.json": b'{"name": "caf\xe9"}', "cut.json": b'{"lstm": ', "list.json": b"[1, 2]"}
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    want = {"latin1.json": "latin1.json: not UTF-8 text (byte 13)", "cut.json": "cut.json: not valid JSON (line 1",
+            "list.json": "list.json: a train config must be a JSON object, got an array"}
+    for name, msg in want.items():
+        with pytest.raises(ElmoError, match=re.escape(msg)):
+            read_json(tmp_path / name, "train config")
+        one_line_error(capsys, ["train", "--config", tmp_path / name, "--out", tmp_path / "run"], name)
+    with pytest.raises(ElmoError, match="absent.json: no such options file"):
+        ElmoConfig.from_json_file(tmp_path / "absent.json")
+    with pytest.raises(ElmoError, match="latin1.json: not UTF-8 text"):
+        ElmoConfig.from_json_file(tmp_path / "latin1.json")
+    with pytest.raises(ElmoError, match="list.json: a probe results file must be a JSON object, got an array"):
+        load_results(tmp_path / "list.json")
+    with pytest.raises(ElmoError, match="cut.json: not valid JSON"):
+        manylangs_config(tmp_path / "cut.json")
+    model = tmp_path / "lm"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / EXTRA_CONFIG_NAME).write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ElmoError, match=f"{EXTRA_CONFIG_NAME}: not UTF-8 text"):
+        read_lm_meta(model)
+
