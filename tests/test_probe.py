@@ -10,7 +10,7 @@ from conftest import shared_path
 from torchelmo import ElmoError
 from torchelmo.probe.conll import bio_spans, read_conll, read_conllu
 from torchelmo.probe.features import extract, model_fingerprint, random_like
-from torchelmo.probe.stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
+from torchelmo.probe.stats import accuracy_from_counts, bootstrap_ci, group_counts, paired_diff_ci, seed_mean
 
 
 def ewt(split):
@@ -183,6 +183,42 @@ def test_paired_bootstrap_of_a_difference():
     assert paired_diff_ci(ca, ca, accuracy_from_counts, n_boot=200) == (0.0, 0.0, 0.0)
     with pytest.raises(ElmoError):
         paired_diff_ci(ca, cb[:10], accuracy_from_counts)
+
+
+
+@pytest.mark.core
+def test_document_bootstrap_against_a_hand_computed_case():
+    # Three sentences in two documents: A holds (2 of 2) and (1 of 2) correct, B (0 of 2). Drawn
+    # by document, a resample is AA, AB or BB (probabilities 1/4, 1/2, 1/4) with accuracy 6/8, 3/6
+    # or 0: the 95% interval is exactly [0, 0.75]. Drawn by sentence, three A-first sentences can
+    # all come out (2 of 2) and the interval reaches 1.
+    counts = np.array([[2, 2], [1, 2], [0, 2]])
+    docs = ["A", "A", "B"]
+    assert group_counts(counts, docs).tolist() == [[3, 4], [0, 2]]
+    assert group_counts(counts, [7, 3, 7]).tolist() == [[2, 4], [1, 2]]      # order of first appearance
+    assert bootstrap_ci(counts, accuracy_from_counts, n_boot=4000, groups=docs) == (0.5, 0.0, 0.75)
+    assert bootstrap_ci(counts, accuracy_from_counts, n_boot=4000)[2] == 1.0
+    # Paired by document: b is right on B's sentences where a is not; its gain moves with B.
+    b = np.array([[2, 2], [1, 2], [2, 2]])
+    d, lo, hi = paired_diff_ci(counts, b, accuracy_from_counts, n_boot=4000, groups=docs)
+    assert d == pytest.approx(2 / 6) and (lo, hi) == (0.0, 1.0)               # AA: 0, BB: 2/2 - 0/2
+    with pytest.raises(ElmoError, match="one group per unit"):
+        bootstrap_ci(counts, accuracy_from_counts, groups=["A"])
+
+
+@pytest.mark.core
+def test_seed_mean_scores_every_seed_on_the_same_resample():
+    # Two probe seeds on the same units: the statistic is the seeds' mean, and its interval, with
+    # the seeds resampled together, lies between the two seeds' own.
+    rng = np.random.default_rng(4)
+    a = (rng.random(2000) < 0.8).astype(float)
+    b = (rng.random(2000) < 0.7).astype(float)
+    ca, cb = (np.stack([x, np.ones_like(x)], 1) for x in (a, b))
+    est, lo, hi = bootstrap_ci(np.concatenate([ca, cb], 1), seed_mean(accuracy_from_counts, 2), n_boot=2000)
+    assert est == pytest.approx((a.mean() + b.mean()) / 2)
+    _, alo, ahi = bootstrap_ci(ca, accuracy_from_counts, n_boot=2000)
+    _, blo, bhi = bootstrap_ci(cb, accuracy_from_counts, n_boot=2000)
+    assert blo < lo < alo and bhi < hi < ahi
 
 
 # -- features ------------------------------------------------------------------------------------

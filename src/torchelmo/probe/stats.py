@@ -1,8 +1,16 @@
-"""Bootstrap confidence intervals over evaluation units (sentences or instances).
+"""Bootstrap confidence intervals over evaluation units (sentences or instances), or over the
+documents that hold them.
 
 A score is a function of counts summed over units: accuracy = correct / tokens, F1 =
 2 tp / (2 tp + fp + fn). Resampling *units* (whole sentences for tagging) respects the correlation
-of tokens within a sentence, which resampling tokens would ignore.
+of tokens within a sentence, which resampling tokens would ignore. Units of one document (a
+novel's mentions, a text's sentences) are correlated too: with ``groups``, whole documents are
+resampled (a cluster bootstrap: the units' counts summed per document, then documents drawn with
+replacement), which is what a claim about texts like the test texts needs.
+
+Several probe seeds: give each seed's counts as its own ``k`` columns and score with
+:func:`seed_mean`; every resample then holds the same units for every seed, so the interval
+covers the test units and, through the mean, the seeds' spread.
 """
 
 from __future__ import annotations
@@ -25,15 +33,40 @@ def f1_from_counts(c: np.ndarray) -> np.ndarray:
     return 2 * tp / np.maximum(2 * tp + fp + fn, 1)
 
 
+def seed_mean(stat: Callable[[np.ndarray], np.ndarray], k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A statistic of counts ``(..., n_seeds * k)``: the mean over seeds of ``stat`` of each seed's
+    ``k`` columns."""
+    def mean(c: np.ndarray) -> np.ndarray:
+        n = c.shape[-1] // k
+        return np.mean([stat(c[..., s * k:(s + 1) * k]) for s in range(n)], axis=0)
+    return mean
+
+
+def group_counts(counts: np.ndarray, groups) -> np.ndarray:
+    """``(n_units, k)`` counts summed per group: ``(n_groups, k)``, in order of first appearance.
+    ``groups``: ``n_units`` labels (a document's name or index per unit)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    labels = np.asarray(groups)
+    if labels.shape != (len(counts),):
+        raise ElmoError(f"bootstrap: need one group per unit, got {labels.shape} for {len(counts)} units")
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    out = np.zeros((len(first), counts.shape[1]))
+    np.add.at(out, inverse, counts)
+    return out[np.argsort(first)]
+
+
 def bootstrap_ci(counts: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], n_boot: int = 1000,
-                 level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+                 level: float = 0.95, seed: int = 0, groups=None) -> tuple[float, float, float]:
     """Point estimate and percentile interval of ``stat(sum of counts over units)``.
 
-    ``counts``: ``(n_units, k)`` per-unit counts. Returns ``(estimate, low, high)``.
+    ``counts``: ``(n_units, k)`` per-unit counts; ``groups``: None (units resampled), or each
+    unit's document (documents resampled, :func:`group_counts`). Returns ``(estimate, low, high)``.
     """
     counts = np.asarray(counts, dtype=np.float64)
     if counts.ndim != 2 or len(counts) == 0:
         raise ElmoError(f"bootstrap: need (n_units, k) counts with n_units > 0, got shape {counts.shape}")
+    if groups is not None:
+        counts = group_counts(counts, groups)
     if not 0 < level < 1:
         raise ElmoError(f"bootstrap: level must be in (0, 1), got {level}")
     est = float(stat(counts.sum(0)))
@@ -53,16 +86,17 @@ def bootstrap_ci(counts: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], n
 
 
 def paired_diff_ci(counts_a: np.ndarray, counts_b: np.ndarray, stat: Callable[[np.ndarray], np.ndarray],
-                   n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+                   n_boot: int = 1000, level: float = 0.95, seed: int = 0, groups=None) -> tuple[float, float, float]:
     """``stat(b) - stat(a)`` with a percentile interval, both systems scored on the *same*
     resampled units (a paired bootstrap: what makes a unit hard for both cancels out, so the
     interval is much narrower than the two separate intervals suggest).
 
-    ``counts_a``, ``counts_b``: ``(n_units, k)`` per-unit counts of the two systems on the same units.
+    ``counts_a``, ``counts_b``: ``(n_units, k)`` per-unit counts of the two systems on the same units;
+    ``groups``: as in :func:`bootstrap_ci` (both systems resampled by the same documents).
     """
     a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 2:
         raise ElmoError(f"paired bootstrap: need two (n_units, k) count arrays of one shape, got {a.shape} and {b.shape}")
     k = a.shape[1]
     return bootstrap_ci(np.concatenate([a, b], 1), lambda c: stat(c[..., k:]) - stat(c[..., :k]),
-                        n_boot, level, seed)
+                        n_boot, level, seed, groups)
