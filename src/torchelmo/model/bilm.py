@@ -230,8 +230,7 @@ class BiLM(nn.Module, ComputeSettings):
             state = self.zero_state(x.shape[1], x)
         cfg = self.config
         kernel = self.resolved_precision().kernel
-        backend = resolve_backend(self._backend, x.device.type, x.shape[2], x.shape[1], cfg.lstm_dim, kernel,
-                                  self._long_run())
+        backend = self._resolved_backend(x.device.type, x.shape[2], x.shape[1])
         rows, unsort, run_lengths = _row_order(lengths, backend.startswith("triton"))
         h_in = rows(x)
         outs, final = [], []
@@ -321,8 +320,7 @@ class BiLM(nn.Module, ComputeSettings):
 
         # A frozen biLM (every weight without requires_grad, as Elmo keeps it) gives outputs that
         # need no gradient path: it runs the inference paths, under autograd too.
-        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        with self.precision_scope(), torch.set_grad_enabled(grad):
+        with self.precision_scope(), torch.set_grad_enabled(self._trains()):
             e = self.encoder(ids, plan, self._fused()).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
             layers = self.contextualise(e, full_len)
         if keep_sentence_boundaries:
@@ -340,15 +338,20 @@ class BiLM(nn.Module, ComputeSettings):
     def device(self) -> torch.device:
         return self.encoder.proj.weight.device
 
-    def _long_run(self) -> bool:
-        # Training is a long run by nature; otherwise the model's own setting says.
-        return self.long_run or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+    def _trains(self) -> bool:
+        """Whether a forward pass here needs a gradient path: autograd on and a weight that wants one."""
+        return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+
+    def _resolved_backend(self, device_type: str, T: int = 1, B: int = 1) -> str:
+        """:attr:`backend` resolved for ``T`` steps of ``B`` rows; training is a long run by nature,
+        otherwise :attr:`long_run` says whether compiling pays."""
+        return resolve_backend(self._backend, device_type, T, B, self.config.lstm_dim,
+                               self.resolved_precision().kernel, self.long_run or self._trains())
 
     def _fused(self) -> bool:
         """Whether the token encoder's compiled inference loops run: where the recurrence's
         backend resolves to ``cpu+compile``."""
-        return resolve_backend(self._backend, self.device.type, 1, 1, self.config.lstm_dim,
-                               self.resolved_precision().kernel, self._long_run()) == "cpu+compile"
+        return self._resolved_backend(self.device.type) == "cpu+compile"
 
     # -- loading and saving ----------------------------------------------------------------------
     @classmethod
