@@ -1,6 +1,7 @@
 """How a model computes: its precision (:mod:`torchelmo.numerics.precision`) and the backend of its
-recurrence (:mod:`torchelmo.numerics.backend`), carried by the model as two settable settings and applied
-in one scope."""
+recurrence (:mod:`torchelmo.numerics.backend`), with whether the work ahead pays for compiling
+(``long_run``): settings the model carries, resolved where its device is known and applied in one
+scope."""
 
 from __future__ import annotations
 
