@@ -39,6 +39,7 @@ from ..model import weights
 from ..model.bilm import BiLM, reversal_index, reverse_padded, with_boundaries
 from ..model.chars import BOS_IDS, EOS_IDS, batch_to_ids
 from ..model.encoder import PAD_ID
+from ..numerics import cell
 from ..numerics.lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
 
 FORMATS = ("onnx", "torchscript")
@@ -55,8 +56,9 @@ class _LstmLayer(nn.Module):
     ``w0_d (in + P, 4D)`` (the published ``[W_x ; W_h]``), ``b_d (4D,)`` (forget bias folded in),
     ``wp_d (D, P)``. Two-dimensional constant weights are what ONNX Runtime packs once when the
     session loads; a direction-stacked (2, K, N) weight it would pack again on every step. The
-    gate columns are reordered from the model's ``[i, j, f, o]`` to ``[i, f, o, j]``, so that one
-    sigmoid and one tanh cover a step's gates."""
+    gate columns are reordered from the model's ``[i, j, f, o]`` to ``[i, f, o, j]``
+    (:data:`~torchelmo.numerics.cell.GATES_EXPORT`), so that one sigmoid and one tanh cover a
+    step's gates."""
 
     def __init__(self, w0: torch.Tensor, b: torch.Tensor, w_p: torch.Tensor) -> None:
         super().__init__()
@@ -180,12 +182,7 @@ class ExportableBiLM(nn.Module):
             c = c.narrow(1, 0, n)                                            # narrow: one ONNX Slice
             a = torch.cat([xt[t].narrow(1, 0, n), h.narrow(1, 0, n)], dim=-1)  # (2, n, in + P)
             z = torch.stack([torch.addmm(layer.b_0, a[0], layer.w0_0), torch.addmm(layer.b_1, a[1], layer.w0_1)])
-            sig, j = torch.split(z, [3 * D, D], dim=-1)                    # one sigmoid, one tanh
-            i, f, o = torch.split(torch.sigmoid(sig), D, dim=-1)
-            c = f * c + i * torch.tanh(j)
-            if self.use_cell_clip:
-                c = c.clamp(-self.cell_clip, self.cell_clip)
-            q = o * torch.tanh(c)
+            _, _, c, q = cell.forward(z, c, self.cell_clip if self.use_cell_clip else None, False, cell.GATES_EXPORT)
             hn = torch.stack([torch.mm(q[0], layer.wp_0), torch.mm(q[1], layer.wp_1)])
             if self.use_proj_clip:
                 hn = hn.clamp(-self.proj_clip, self.proj_clip)

@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 
+from . import cell
 from .compiled import settings as compiled_settings
 
 
@@ -39,10 +40,6 @@ class _Matmul:
         if self.dtype is None:
             return torch.bmm(a, b)
         return torch.bmm(a.to(self.dtype), b.to(self.dtype)).float()   # .to: no copy when already bf16
-
-
-def _clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
-    return x if v is None else x.clamp(-v, v)
 
 
 def _clip_into(dst: torch.Tensor, x: torch.Tensor, v: float | None) -> None:
@@ -66,20 +63,6 @@ def _zero_padding(buf: torch.Tensor, runs: list[int]) -> torch.Tensor:
             buf[:, t, n:].zero_()
     buf[:, len(runs):].zero_()
     return buf
-
-
-def _sigmoid_grad(grad: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``grad * y * (1 - y)`` for ``y = sigmoid(z)``, in one pass (autograd's own kernel)."""
-    if out is None:
-        return torch.ops.aten.sigmoid_backward(grad, y)
-    return torch.ops.aten.sigmoid_backward.grad_input(grad, y, grad_input=out)
-
-
-def _tanh_grad(grad: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``grad * (1 - y^2)`` for ``y = tanh(z)``, in one pass."""
-    if out is None:
-        return torch.ops.aten.tanh_backward(grad, y)
-    return torch.ops.aten.tanh_backward.grad_input(grad, y, grad_input=out)
 
 
 class Recurrence(torch.autograd.Function):
@@ -113,6 +96,7 @@ class Recurrence(torch.autograd.Function):
         q = _zero_padding(x.new_empty(2, T, B, D, dtype=dtype or x.dtype), runs)   # o * tanh(c)
         out = _zero_padding(x.new_empty(2, T, B, P), runs)
         c, h = c0.clone(), h0.clone()
+        tanh_c = torch.empty_like(c)                # the eager cell's scratch
         for t, n in enumerate(runs):
             if dtype is None:
                 z = torch.baddbmm(xw[:, t, :n], h[:, :n], w_h)
@@ -123,13 +107,8 @@ class Recurrence(torch.autograd.Function):
             else:
                 if dtype is not None:
                     z = z.float().add_(b)
-                z[..., D:2 * D].tanh_()
-                z[..., :D].sigmoid_()
-                z[..., 2 * D:].sigmoid_()                # f and o
-                gi, gj, gf, go = z.chunk(4, dim=-1)
-                cp = torch.addcmul(gf * c[:, :n], gi, gj)
-                _clip_into(c[:, :n], cp, cell_clip)
-                torch.mul(go, torch.tanh(c[:, :n]), out=q[:, t, :n])
+                cp = torch.empty_like(c[:, :n])
+                cell.forward_(z, c[:, :n], cell_clip, q[:, t, :n], tanh_c[:, :n], c_pre=cp)
             hp = mm(q[:, t, :n], wp)
             _clip_into(h[:, :n], hp, proj_clip)
             out[:, t, :n] = h[:, :n]
@@ -170,25 +149,15 @@ class Recurrence(torch.autograd.Function):
             dq = mm(dhp[:, t, :n], w_pT)                                           # (2, n, D)
             cp = c_pre[t]
             if ctx.compiled is not None:
-                c_prev = c0[:, :n] if t == 0 else _clip(c_pre[t - 1][:, :n], cell_clip)
+                c_prev = c0[:, :n] if t == 0 else cell.clip(c_pre[t - 1][:, :n], cell_clip)
                 ctx.compiled[1](dq, gates[t], cp, c_prev, dc[:, :n], dz[:, t, :n], cell_clip, True)
                 dh[:, :n] = mm(dz[:, t, :n], w_hT)
                 continue
-            gi, gj, gf, go = gates[t].chunk(4, dim=-1)
-            tc = torch.tanh(_clip(cp, cell_clip))
-            dcp = _tanh_grad(dq * go, tc).add_(dc[:, :n])
-            if cell_clip is not None:
-                dcp.mul_(_passes(cp, cell_clip))
-            c_prev = c0[:, :n] if t == 0 else _clip(c_pre[t - 1][:, :n], cell_clip)
+            c_prev = c0[:, :n] if t == 0 else cell.clip(c_pre[t - 1][:, :n], cell_clip)
             dz_t = dz[:, t, :n] if dz32 is None else dz32[:, :n]
-            di, dj, df, do = dz_t.chunk(4, dim=-1)
-            _sigmoid_grad(dcp * gj, gi, out=di)
-            _tanh_grad(dcp * gi, gj, out=dj)
-            _sigmoid_grad(dcp * c_prev, gf, out=df)
-            _sigmoid_grad(dq * tc, go, out=do)
+            cell.backward_(dq, gates[t], cp, c_prev, dc[:, :n], cell_clip, dz_t)
             if dz32 is not None:
                 dz[:, t, :n] = dz_t                  # rounded to the operand type once
-            torch.mul(dcp, gf, out=dc[:, :n])
             dh[:, :n] = mm(dz[:, t, :n], w_hT)
         dz = dz.view(2, T * B, -1)
         h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1).view(2, T * B, -1)

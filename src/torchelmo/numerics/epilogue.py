@@ -7,14 +7,14 @@ cell update and its clip) is, in eager PyTorch, a pass over memory per operation
 sigmoid and tanh a vectorised exp. On a CPU with bf16 matrix units, at the small model's shapes
 (``D = 1024``), that work takes about twice the step's bf16 matmul. :func:`compiled` does it in
 one pass: :func:`step` as Inductor's C++ code, one vectorised loop over the step's ``(2, n, 4D)``
-products.
+products. The cell's arithmetic is :mod:`torchelmo.numerics.cell`'s, defined there once.
 
 On bf16 operands (products rounded to bfloat16, about 4e-3 relative) it also replaces sigmoid and
-tanh by a rational approximation, exact to 4e-7 in fp32 (:func:`rational_tanh`), which costs a
-few multiply-adds and one division instead of an exp; over common denominators a cell's five
-functions take two divisions (:func:`_rational_cell`), a fifth less time for the loop. On fp32
-operands it keeps torch's own sigmoid and tanh: the eager path's numbers but for the order of
-the additions.
+tanh by a rational approximation, exact to 4e-7 in fp32 (:func:`~torchelmo.numerics.cell.rational_tanh`),
+which costs a few multiply-adds and one division instead of an exp; over common denominators a
+cell's five functions take two divisions (:func:`_rational_cell`, the one form of the cell kept
+here, tested against the cell's), a fifth less time for the loop. On fp32 operands it keeps
+torch's own sigmoid and tanh: the eager path's numbers but for the order of the additions.
 
 Training on bf16 operands compiles a step's gates too, as two loops: :func:`train_step` (the
 gates, the cell state before and after its clip, the projection's input) and
@@ -32,49 +32,8 @@ import functools
 
 import torch
 
+from . import cell
 from .compiled import run, usable
-
-# tanh(x) = x P(x^2) / Q(x^2) on [-9, 9] (beyond it tanh is 1 to fp32's precision), P of degree
-# 6 and Q of degree 3 in x^2, fitted here by weighted least squares on 40,000 points with Lawson's
-# reweighting toward the minimax fit: relative error 7e-9 in float64, 4e-7 absolute evaluated in
-# float32 (torch.tanh: 3e-8). Tested against float64 tanh.
-TANH_P = (0.9999999933844501, 0.1308401136604667, 0.00310395766303075, 1.1154324360702114e-05,
-          -2.0225296586421406e-08, 5.277985432985965e-11, -8.488812603447551e-14)
-TANH_Q = (1.0, 0.46417338466822, 0.024495184069802323, 0.0002546147385667568)
-TANH_LIMIT = 9.0
-
-
-def _poly(coefficients: tuple[float, ...], s: torch.Tensor) -> torch.Tensor:
-    """``sum_k coefficients[k] * s^k`` by Estrin's scheme: pairs ``a + b s``, then pairs of those
-    with ``s^2``, ``s^4``: a chain of about log2 of the degree dependent steps instead of Horner's
-    one per degree, which the fused loop's multiply-adds otherwise wait on."""
-    terms: list = [a + b * s for a, b in zip(coefficients[::2], coefficients[1::2])]
-    if len(coefficients) % 2:
-        terms.append(coefficients[-1])      # a number, only ever the last term: paired as ``hi``
-    power = s * s
-    while len(terms) > 1:
-        paired = [lo + hi * power for lo, hi in zip(terms[::2], terms[1::2])]
-        terms = paired + terms[len(paired) * 2:]
-        power = power * power
-    return terms[0]
-
-
-def _tanh_ratio(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(n, d)`` with ``tanh(x) = n / d`` (to 4e-7), ``d`` in [1, 334]."""
-    x = x.clamp(-TANH_LIMIT, TANH_LIMIT)
-    s = x * x
-    return x * _poly(TANH_P, s), _poly(TANH_Q, s)
-
-
-def rational_tanh(x: torch.Tensor) -> torch.Tensor:
-    """tanh to 4e-7 in fp32, by multiply-adds and one division (for a fused loop; eager it is slow)."""
-    n, d = _tanh_ratio(x)
-    return n / d
-
-
-def rational_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """sigmoid(x) = (1 + tanh(x / 2)) / 2, to 2e-7."""
-    return 0.5 * rational_tanh(0.5 * x) + 0.5
 
 
 def step(z: torch.Tensor, z2: torch.Tensor | None, bias: torch.Tensor | None, c: torch.Tensor,
@@ -88,7 +47,7 @@ def step(z: torch.Tensor, z2: torch.Tensor | None, bias: torch.Tensor | None, c:
         many steps were computed at once), or None.
     bias : ``(2, 1, 4D)`` fp32, the forget gate's 1 folded in; None where ``z`` has it already.
     c : ``(2, n, D)`` fp32 cell state.
-    rational : :func:`rational_sigmoid` and :func:`rational_tanh` instead of torch's.
+    rational : the cell's rational sigmoid and tanh instead of torch's.
 
     Returns
     -------
@@ -99,28 +58,25 @@ def step(z: torch.Tensor, z2: torch.Tensor | None, bias: torch.Tensor | None, c:
         zf = zf + z2.float()
     if bias is not None:
         zf = zf + bias
-    i, j, f, o = zf.chunk(4, dim=-1)
     if rational:
-        return _rational_cell(i, j, f, o, c, cell_clip, z.dtype)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
-    if cell_clip is not None:
-        c = c.clamp(-cell_clip, cell_clip)
-    return c, (torch.sigmoid(o) * torch.tanh(c)).to(z.dtype)
+        return _rational_cell(*zf.chunk(4, dim=-1), c, cell_clip, z.dtype)
+    _, _, c, q = cell.forward(zf, c, cell_clip)
+    return c, q.to(z.dtype)
 
 
 def _rational_cell(i, j, f, o, c, cell_clip, dtype):
     """:func:`step`'s cell update with the rational functions as ratios, over common
     denominators: two divisions per cell instead of five. A division costs a fused loop here
     about what a dozen multiply-adds do; the denominators stay below 1e8, far from overflow."""
-    ni, di = _tanh_ratio(0.5 * i)           # sigmoid(x) = (d + n) / 2d for tanh(x / 2) = n / d
-    nj, dj = _tanh_ratio(j)
-    nf, df = _tanh_ratio(0.5 * f)
-    no, do = _tanh_ratio(0.5 * o)
+    ni, di = cell.tanh_ratio(0.5 * i)       # sigmoid(x) = (d + n) / 2d for tanh(x / 2) = n / d
+    nj, dj = cell.tanh_ratio(j)
+    nf, df = cell.tanh_ratio(0.5 * f)
+    no, do = cell.tanh_ratio(0.5 * o)
     dij = di * dj
     c = ((df + nf) * dij * c + (di + ni) * nj * df) / (2.0 * df * dij)
     if cell_clip is not None:
         c = c.clamp(-cell_clip, cell_clip)
-    nc, dc = _tanh_ratio(c)
+    nc, dc = cell.tanh_ratio(c)
     return c, ((do + no) * nc / (2.0 * do * dc)).to(dtype)
 
 
@@ -139,12 +95,8 @@ def train_step(z: torch.Tensor, bias: torch.Tensor, c: torch.Tensor, cell_clip: 
     The gates after their nonlinearities ``(2, n, 4D)``, the cell state before its clip and after
     it, and ``sigmoid(o) * tanh(c)`` ``(2, n, D)``, all fp32.
     """
-    sigmoid, tanh = (rational_sigmoid, rational_tanh) if rational else (torch.sigmoid, torch.tanh)
-    i, j, f, o = (z.float() + bias).chunk(4, dim=-1)
-    gi, gj, gf, go = sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
-    c_pre = gf * c + gi * gj
-    c_new = c_pre if cell_clip is None else c_pre.clamp(-cell_clip, cell_clip)
-    return torch.cat([gi, gj, gf, go], dim=-1), c_pre, c_new, go * tanh(c_new)
+    (gi, gj, gf, go), c_pre, c_new, q = cell.forward(z.float() + bias, c, cell_clip, rational)
+    return torch.cat([gi, gj, gf, go], dim=-1), c_pre, c_new, q
 
 
 def train_step_backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tensor, c_prev: torch.Tensor,
@@ -164,16 +116,8 @@ def train_step_backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tens
     The gradient of the product ``z`` ``(2, n, 4D)`` in bfloat16 (rounded once: every matmul it
     enters takes it so) and of ``c_prev`` ``(2, n, D)`` fp32.
     """
-    tanh = rational_tanh if rational else torch.tanh
-    gi, gj, gf, go = gates.chunk(4, dim=-1)
-    inside = c_pre if cell_clip is None else c_pre.clamp(-cell_clip, cell_clip)
-    tc = tanh(inside)
-    dcp = dq * go * (1 - tc * tc) + dc
-    if cell_clip is not None:   # clamp's rule: the gradient passes inside and on the bound
-        dcp = dcp * (c_pre.abs() <= cell_clip)
-    dz = torch.cat([dcp * gj * gi * (1 - gi), dcp * gi * (1 - gj * gj), dcp * c_prev * gf * (1 - gf),
-                    dq * tc * go * (1 - go)], dim=-1)
-    return dz.to(torch.bfloat16), dcp * gf
+    dz, dc_prev = cell.backward(dq, gates, c_pre, c_prev, dc, cell_clip, rational)
+    return dz.to(torch.bfloat16), dc_prev
 
 
 def train_step_into(z: torch.Tensor, bias: torch.Tensor, c: torch.Tensor, q: torch.Tensor,

@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn as nn
 
+from . import cell
 from .backend import resolve_backend
 from .bptt import Recurrence
 from .compiled import settings as compiled_settings
@@ -202,7 +203,7 @@ class Operands:
 
 class _Cell:
     """The gates of one step: ``c`` is updated for the first n rows, and ``o * tanh(c)`` is
-    returned in the operand type. Eager: in place, in reused buffers; ``fused``
+    returned in the operand type. Eager: :func:`torchelmo.numerics.cell.forward_`, in reused buffers; ``fused``
     (:func:`torchelmo.numerics.epilogue.compiled`): one compiled loop. ``bias``: ``(2, 1, 4D)`` to add to
     products that lack it (bf16 operands), else None."""
 
@@ -231,16 +232,7 @@ class _Cell:
             z = self.z_buf[:, :n].copy_(z).add_(self.bias)
         if z2 is not None:
             z.add_(z2)
-        D = self.D
-        i, j, f, o = z[..., :D], z[..., D:2 * D], z[..., 2 * D:3 * D], z[..., 3 * D:]
-        i.sigmoid_()
-        z[..., 2 * D:].sigmoid_()                      # f and o together
-        j.tanh_()
-        c_n = self.c[:, :n]
-        c_n.mul_(f).addcmul_(i, j)
-        if self.cell_clip is not None:
-            c_n.clamp_(-self.cell_clip, self.cell_clip)
-        return torch.mul(torch.tanh(c_n, out=self.tanh_c[:, :n]), o, out=self.out[:, :n])
+        return cell.forward_(z, self.c[:, :n], self.cell_clip, self.out[:, :n], self.tanh_c[:, :n])
 
     def final(self) -> torch.Tensor:
         """``(2, B, D)``: each row's cell state after its last step."""
@@ -370,6 +362,7 @@ def lstm_reference(
         dir_inputs = [seq, seq.flip(0)]
         for k, layer in enumerate(layers):
             dir_out, c_fin, h_fin = [], [], []
+            bias = _folded_bias(layer)
             for d in range(2):
                 W0 = torch.cat([layer.w_x[d], layer.w_h[d]], dim=0)
                 if states is None:
@@ -379,12 +372,9 @@ def lstm_reference(
                 hs = []
                 for t in range(L):
                     xt = dir_inputs[d][t]
-                    z = torch.cat([xt, h]) @ W0 + layer.bias[d]
-                    i, j, f, o = z[:D], z[D:2 * D], z[2 * D:3 * D], z[3 * D:]
-                    c = torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(j)
-                    if cell_clip is not None:
-                        c = c.clamp(-cell_clip, cell_clip)
-                    h = (torch.sigmoid(o) * torch.tanh(c)) @ layer.w_p[d]
+                    z = torch.cat([xt, h]) @ W0 + bias[d]
+                    _, _, c, q = cell.forward(z, c, cell_clip)
+                    h = q @ layer.w_p[d]
                     if proj_clip is not None:
                         h = h.clamp(-proj_clip, proj_clip)
                     hs.append(h + xt if (use_skip_connections and k > 0) else h)
