@@ -1,6 +1,7 @@
 """The char-CNN token encoder's fast path against its plain reference."""
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -142,6 +143,22 @@ def test_bilm_takes_host_ids_for_a_gpu_model():
 
 
 @pytest.mark.core
+def test_highway_mix_is_the_published_highway():
+    # the one definition against the published form, in float64, and the exported graph's
+    # (TorchScript) and in-place forms equal to it
+    g = torch.Generator().manual_seed(0)
+    t, c, x = (3 * torch.randn(6, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    gate = torch.sigmoid(c)
+    torch.testing.assert_close(E_.highway_mix(t, c, x), gate * torch.relu(t) + (1 - gate) * x, rtol=0, atol=1e-14)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)    # torch.jit.script's; the export uses it
+        scripted = torch.jit.script(E_.highway_mix)
+    t, c, x = t.float(), c.float(), x.float()
+    want = E_.highway_mix(t, c, x)
+    assert torch.equal(scripted(t, c, x), want) and torch.equal(E_.highway_mix_(t.clone(), c.clone(), x), want)
+
+
+@pytest.mark.core
 def test_highway_in_place_without_autograd_equals_autograd():
     # Without autograd the highway works in its product's memory; its numbers and its output
     # type are those of the autograd path, also where autocast makes the product bf16.
@@ -190,12 +207,12 @@ def test_compiled_highway_equals_the_eager_one():
     for rows in (37, 1):
         x = torch.randn(rows, 64)
         p = torch.randn(rows, 128).bfloat16()
-        eager = functools.partial(E_._highway_mix, p, hw.proj.bias, x)
-        got = compiled.run(E_._highway_mix, (p, hw.proj.bias, x), eager, [(p, 0), (x, 0)], "test")
+        eager = functools.partial(E_._highway_fused, p, hw.proj.bias, x)
+        got = compiled.run(E_._highway_fused, (p, hw.proj.bias, x), eager, [(p, 0), (x, 0)], "test")
         torch.testing.assert_close(got, eager(), rtol=0, atol=1e-6)
         with torch.no_grad():
             p = (x.bfloat16() @ hw.proj.weight.bfloat16().t())
-            got = compiled.run(E_._highway_mix, (p, hw.proj.bias, x),
-                               functools.partial(E_._highway_mix, p, hw.proj.bias, x), [(p, 0), (x, 0)], "test")
+            got = compiled.run(E_._highway_fused, (p, hw.proj.bias, x),
+                               functools.partial(E_._highway_fused, p, hw.proj.bias, x), [(p, 0), (x, 0)], "test")
             torch.testing.assert_close(got, hw(x), rtol=0, atol=0.02)
     assert not compiled._failed

@@ -38,7 +38,7 @@ from ..io.fileio import atomic_path, write_error
 from ..model import weights
 from ..model.bilm import BiLM, reversal_index, reverse_padded, with_boundaries
 from ..model.chars import BOS_IDS, EOS_IDS, batch_to_ids
-from ..model.encoder import PAD_ID
+from ..model.encoder import PAD_ID, highway_mix
 from ..numerics import cell
 from ..numerics.lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
 
@@ -155,8 +155,7 @@ class ExportableBiLM(nn.Module):
         h = torch.relu(h) if self.relu else torch.tanh(h)
         for hw in self.highways:
             y = hw(h)
-            g = torch.sigmoid(y[:, self.n_filters:])
-            h = g * torch.relu(y[:, :self.n_filters]) + (1.0 - g) * h
+            h = highway_mix(y[:, :self.n_filters], y[:, self.n_filters:], h)
         return self.proj(h)
 
     def run_layer(self, layer: _LstmLayer, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -211,11 +211,25 @@ class _WindowMax(torch.autograd.Function):
         return d_emb, d_weight, g.sum(0) if need[2] else None, d_pad, None, None, None
 
 
-def _highway_mix(p: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """:class:`Highway` from its product before the bias: ``p`` ``(N, 2 dim)`` bfloat16 (transform,
-    carry), ``bias`` ``(2 dim,)`` and ``x`` ``(N, dim)`` fp32 -> ``(N, dim)`` fp32."""
-    transform, carry = (p.float() + bias).split(x.shape[-1], dim=-1)
+def highway_mix(transform: torch.Tensor, carry: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The highway's output from its two products (bias included), the definition every form
+    follows: ``g * relu(transform) + (1 - g) * x`` with ``g = sigmoid(carry)``, computed as
+    ``x + g * (relu(transform) - x)`` (fewer passes). All ``(N, dim)``; TorchScript-compatible
+    (the exported graph calls it)."""
     return torch.addcmul(x, torch.sigmoid(carry), torch.relu(transform) - x)
+
+
+def highway_mix_(transform: torch.Tensor, carry: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """:func:`highway_mix` in the products' memory (no autograd): the same operations, in place."""
+    t = transform.relu_().sub_(x)
+    return torch.addcmul(x, carry.sigmoid_(), t, out=t)
+
+
+def _highway_fused(p: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """:func:`highway_mix` from the bfloat16 product before the bias, ``p (N, 2 dim)`` (transform,
+    carry), ``bias (2 dim,)``, ``x (N, dim)`` fp32 -> ``(N, dim)`` fp32: the compiled loop."""
+    transform, carry = (p.float() + bias).split(x.shape[-1], dim=-1)
+    return highway_mix(transform, carry, x)
 
 
 class Highway(nn.Module):
@@ -235,17 +249,15 @@ class Highway(nn.Module):
             # One compiled loop from the bf16 product to the output, in place of a pass over the
             # product per eager op (cast, bias, relu, sigmoid, mix).
             p = product(self.proj, x)                                   # (N, 2 dim) bfloat16
-            return run(_highway_mix, (p, self.proj.bias, x), lambda: _highway_mix(p, self.proj.bias, x),
+            return run(_highway_fused, (p, self.proj.bias, x), lambda: _highway_fused(p, self.proj.bias, x),
                        [(p, 0), (x, 0)], "the highway")
         transform, carry = linear(self.proj, x).split(self.dim, dim=-1)
         if torch.is_grad_enabled() or transform.dtype != x.dtype:
-            g = torch.sigmoid(carry)
-            return torch.addcmul(x, g, F.relu(transform) - x)   # g * relu(t) + (1 - g) * x, in fewer passes
+            return highway_mix(transform, carry, x)
         # Without autograd, in the product's own memory: each temporary of a batch's distinct
         # tokens is megabytes, and the passes over fresh ones cost about what the bf16 product does.
         # (Not where autocast returns a lower-precision product: the sum stays in x's type.)
-        t = transform.relu_().sub_(x)
-        return torch.addcmul(x, carry.sigmoid_(), t, out=t)
+        return highway_mix_(transform, carry, x)
 
 
 class CharCNNEncoder(nn.Module):
