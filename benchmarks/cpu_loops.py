@@ -84,9 +84,9 @@ def encoder_loops(tokens: int, pairs: int) -> dict:
     ids = [batch_to_ids(b) for b in batches]
 
     def encode():
-        with torch.no_grad(), model.precision_scope():
+        with torch.no_grad():
             for x in ids:
-                model.encoder(x)
+                model.encoder(x, precision=model.resolved_precision().name)
 
     def embed():
         embed_all(model, batches)

@@ -127,7 +127,8 @@ def test_bf16_weights_are_cast_once_and_recast_when_they_change():
     torch.testing.assert_close(bf16_cache(layer)["joint"][:, 24:].float(), layer.w_h.detach().bfloat16().float())
     assert "_bf16" not in str(vars(layer)) and not bf16_cache(copy.deepcopy(layer))   # never carried along
     with torch.no_grad():
-        torch.testing.assert_close(run(), lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0)[0])  # no scope: fp32
+        assert torch.equal(run(), second)                        # the argument decides, scope or none
+        assert not torch.equal(lstm_layer(layer, x, [3, 2], c0, h0, 3.0, 3.0)[0], second)   # fp32
 
 
 @pytest.mark.core
@@ -184,14 +185,11 @@ def test_bf16_token_encoder_multiplies_bf16_weights_at_inference():
     ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
     with torch.no_grad():
         exact = model.encoder(ids)
-        model.precision = "bf16"
-        with model.precision_scope():
-            got = model.encoder(ids)
+        got = model.encoder(ids, precision="bf16")
     assert "weight" in bf16_cache(model.encoder.proj) and "weight" in bf16_cache(model.encoder.highways[0].proj)
     err = (got - exact).abs()
     assert 0 < err.max() and err.mean() < 0.01 * exact.abs().mean()
-    with model.precision_scope():
-        assert model.encoder(ids).requires_grad                  # the training path: no cache
+    assert model.encoder(ids, precision="bf16").requires_grad   # the training path: no cache
 
 
 @pytest.mark.core
@@ -220,15 +218,15 @@ def test_bf16_training_gradients_reach_fp32_weights():
 
 
 @pytest.mark.core
-def test_scope_sets_and_restores_the_cpu_math_mode():
+def test_a_cpu_scope_sets_no_process_wide_switch():
+    # On a CPU the precision travels as an argument: the scope leaves oneDNN's math mode (which
+    # every thread shares) as it found it, so an fp32 matmul inside a bf16 scope stays fp32.
     mkl = torch.backends.mkldnn
     before = mkl.matmul.fp32_precision, mkl.conv.fp32_precision
+    a, b = torch.randn(64, 256), torch.randn(256, 64)
     with Precision("bf16", "cpu").scope():
-        assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == ("bf16", "bf16")
-        with Precision("fp32", "cpu").scope():
-            assert mkl.matmul.fp32_precision == "ieee"
-        assert mkl.matmul.fp32_precision == "bf16"
-    assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == before
+        assert (mkl.matmul.fp32_precision, mkl.conv.fp32_precision) == before
+        assert (a @ b - (a.double() @ b.double()).float()).abs().max() < 1e-3   # bf16 operands: ~0.1
 
 
 @pytest.mark.core
@@ -268,11 +266,11 @@ def test_cpu_support_respects_onednn_isa_ceiling(monkeypatch):
 
 
 class ScopeCounter:
-    """Counts entries into :meth:`Precision.scope` and records the CPU math mode seen by the
-    softmax (the LM's last matmul)."""
+    """Counts entries into :meth:`Precision.scope` and records the precision the softmax (the
+    LM's last matmul) is given."""
 
     def __init__(self, monkeypatch, lm: LanguageModel | None = None) -> None:
-        self.entries, self.softmax_modes = 0, []
+        self.entries, self.softmax_precisions = 0, []
         real = Precision.scope
 
         def counted(p):
@@ -283,7 +281,7 @@ class ScopeCounter:
             nll = lm.softmax.nll
 
             def watched(*a, **kw):
-                self.softmax_modes.append(torch.backends.mkldnn.matmul.fp32_precision)
+                self.softmax_precisions.append(a[3] if len(a) > 3 else kw.get("precision"))
                 return nll(*a, **kw)
             monkeypatch.setattr(lm.softmax, "nll", watched)
 
@@ -296,7 +294,6 @@ def test_precision_is_applied_once_per_forward(monkeypatch):
     with torch.no_grad():
         model(batch_to_ids([["a", "b"], ["c"]]))
     assert counter.entries == 1
-    assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # restored after
 
 
 def test_precision_is_applied_once_per_training_step_and_validation(tmp_path, fixture_corpus, monkeypatch):
@@ -315,9 +312,9 @@ def test_precision_is_applied_once_per_training_step_and_validation(tmp_path, fi
                       valid=[str(data)], eval_batch_size=64, softmax="sampled", num_samples=20)
     train(cfg, log=lambda s: None)
     counter = counters[0]
-    # Each LM call enters the scope once: 4 steps, and one call per validation batch.
-    assert counter.entries == len(counter.softmax_modes) > 4
-    assert set(counter.softmax_modes) == {"bf16"}
+    # Every LM call (4 steps, and one per validation batch) gives its softmax the precision.
+    assert len(counter.softmax_precisions) > 4 and set(counter.softmax_precisions) == {"bf16"}
+    assert counter.entries >= len(counter.softmax_precisions)
 
 
 def test_bf16_training_resumes_exactly(tmp_path, fixture_corpus):
@@ -391,8 +388,8 @@ def test_padded_products_equal_plain_ones(rows):
     assert torch.equal(mm(x32, w32), torch.mm(x32, w32))          # fp32: untouched
     layer = torch.nn.Linear(96, 200)
     x = torch.randn(3, rows, 96)
-    with torch.no_grad(), resolve_precision("bf16", "cpu").scope():
-        got = linear(layer, x)
+    with torch.no_grad():
+        got = linear(layer, x, "bf16")
     assert got.shape == (3, rows, 200) and got.dtype == torch.float32
     torch.testing.assert_close(got, layer(x), rtol=0.02, atol=0.05)
 
@@ -406,11 +403,10 @@ def test_bf16_products_of_changing_row_counts_reuse_their_kernels(tmp_path):
     script.write_text(
         "import torch\n"
         "from torchelmo.numerics.operands import linear\n"
-        "from torchelmo.numerics.precision import resolve_precision\n"
         "layer = torch.nn.Linear(64, 256)\n"
-        "with torch.no_grad(), resolve_precision('bf16', 'cpu').scope():\n"
+        "with torch.no_grad():\n"
         "    for m in range(1025, 1089):\n"
-        "        linear(layer, torch.randn(m, 64))\n")
+        "        linear(layer, torch.randn(m, 64), 'bf16')\n")
     env = {**os.environ, "ONEDNN_VERBOSE": "profile_create"}
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True).stdout
     compiled = [line for line in out.splitlines() if "create:cache_miss" in line and ",matmul," in line]
@@ -429,28 +425,35 @@ def test_linear_adds_its_bias_once_on_every_path():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = linear(layer, x)
     assert (got.float() - want).abs().max() < 0.1
-    with torch.no_grad(), Precision("bf16", "cpu").scope():
-        got = linear(layer, x)
+    with torch.no_grad():
+        got = linear(layer, x, "bf16")
     assert got.dtype == torch.float32 and (got - want).abs().max() < 0.1
 
 
 @pytest.mark.core
-def test_a_model_in_a_second_thread_computes_at_its_precision():
-    # The scope's nesting is per thread: while one thread is inside the model's scope, another
-    # thread's forward still applies bf16 (it used to see the first thread's flag and skip it).
+def test_models_of_two_precisions_in_two_threads_keep_their_own_numbers():
+    # The precision is an argument, not a switch: an fp32 model and a bf16 model running at the
+    # same time in two threads each give what they give alone, bit for bit (a process-wide math
+    # mode set by the bf16 thread would round the fp32 thread's products).
     import threading
     torch.manual_seed(0)
-    model = BiLM(preset("tiny"), precision="bf16").eval()
-    ids = batch_to_ids([["The", "cat", "sat", "."], ["Dogs", "bark"]])
+    fp32 = BiLM(preset("tiny")).eval()
+    bf16 = BiLM(preset("tiny"), precision="bf16").eval()
+    bf16.load_state_dict(fp32.state_dict())
+    ids = batch_to_ids([["The", "cat", "sat", "on", "the", "mat", "."], ["Dogs", "bark"]] * 4)
     with torch.no_grad():
-        want = model(ids).layers
-    got = []
-    with model.precision_scope():
-        worker = threading.Thread(target=lambda: got.append(torch.no_grad()(model)(ids).layers))
-        worker.start()
-        worker.join()
-    for g, w in zip(got[0], want):
-        assert torch.equal(g, w)
-    model.precision = "fp32"
-    with torch.no_grad():
-        assert not torch.equal(model(ids).layers[2], want[2])
+        alone = {m: m(ids).layers for m in (fp32, bf16)}
+    assert not torch.equal(alone[fp32][2], alone[bf16][2])
+    mismatches = []
+
+    def run(model):
+        with torch.no_grad():
+            for _ in range(10):
+                got = model(ids).layers
+                mismatches.extend(k for k, (g, w) in enumerate(zip(got, alone[model])) if not torch.equal(g, w))
+    threads = [threading.Thread(target=run, args=(m,)) for m in (fp32, bf16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mismatches == []

@@ -112,13 +112,13 @@ class LanguageModel(nn.Module):
         -------
         ``nll (2, B, T)`` (0 at padding) and the final state.
         """
-        with self.bilm.precision_scope():   # the softmax's matmuls too
+        with self.bilm.precision_scope() as precision:
             outs, final = self.bilm.run_tokens(char_ids, token_index, lengths, state, groups)
             top = outs[-1]
             if self.training and self.dropout > 0:
                 top = sequence_dropout(top, self.dropout, self.variational_dropout)
             mask = targets >= 0
-            nll = self.softmax.nll(top[mask], targets[mask], generator)
+            nll = self.softmax.nll(top[mask], targets[mask], generator, precision.name)
         out = torch.zeros(targets.shape, dtype=nll.dtype, device=nll.device)
         out[mask] = nll
         return out, final

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ElmoError
-from ..numerics.operands import linear
+from ..numerics.operands import affine, linear
 
 KINDS = ("full", "sampled", "adaptive")
 
@@ -52,9 +52,11 @@ class FullSoftmax(nn.Module):
         """``(N, P)`` -> ``(N, V)`` log-probabilities."""
         return F.log_softmax(_up(F.linear(h, self.weight, self.bias)), dim=-1)
 
-    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
-            ) -> torch.Tensor:
-        logits = _up(linear(self, h))                   # bf16 operands under bf16 (torchelmo.numerics.operands)
+    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None,
+            precision: str | None = None) -> torch.Tensor:
+        """``(N, P)``, ``(N,)`` -> ``(N,)``; ``precision``: the model's, resolved (bf16: bf16
+        operands on a CPU, :mod:`torchelmo.numerics.operands`; None: fp32)."""
+        logits = _up(linear(self, h, precision))
         return F.cross_entropy(logits, targets, reduction="none")
 
 
@@ -82,23 +84,24 @@ class SampledSoftmax(FullSoftmax):
         self.num_samples = min(num_samples, vocab_size)
         self.register_buffer("log_q", log_uniform_probs(vocab_size).log().float(), persistent=False)
 
-    def sampled_nll(self, h: torch.Tensor, targets: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
+    def sampled_nll(self, h: torch.Tensor, targets: torch.Tensor, samples: torch.Tensor,
+                    precision: str | None = None) -> torch.Tensor:
         """The sampled loss for given negative ``samples (K,)``."""
         K = samples.numel()
         log_kq = (math.log(K) + self.log_q).to(self.weight.dtype)
         w_t, b_t = self.weight[targets], self.bias[targets]
         true_logit = _up((h * w_t).sum(-1)) + b_t - log_kq[targets]           # (N,)
-        s_logits = _up(F.linear(h, self.weight[samples], self.bias[samples])) - log_kq[samples]                                                      # (N, K)
+        s_logits = _up(affine(h, self.weight[samples], self.bias[samples], precision)) - log_kq[samples]   # (N, K)
         s_logits = s_logits.masked_fill(samples.unsqueeze(0) == targets.unsqueeze(1), float("-inf"))
         logits = torch.cat([true_logit.unsqueeze(1), s_logits], dim=1)
         return -F.log_softmax(logits, dim=1)[:, 0]
 
-    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
-            ) -> torch.Tensor:
+    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None,
+            precision: str | None = None) -> torch.Tensor:
         if not self.training:
-            return super().nll(h, targets)
+            return super().nll(h, targets, precision=precision)
         samples = sample_log_uniform(self.vocab_size, self.num_samples, generator, h.device)
-        return self.sampled_nll(h, targets, samples)
+        return self.sampled_nll(h, targets, samples, precision)
 
 
 class AdaptiveSoftmax(nn.Module):
@@ -117,12 +120,12 @@ class AdaptiveSoftmax(nn.Module):
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
         return self.asm.log_prob(_up(h))
 
-    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None
-            ) -> torch.Tensor:
+    def nll(self, h: torch.Tensor, targets: torch.Tensor, generator: torch.Generator | None = None,
+            precision: str | None = None) -> torch.Tensor:
         """``(N, P)``, ``(N,)`` -> ``(N,)``: what ``-self.asm(h, targets).output`` gives, with its
         products through :func:`~torchelmo.numerics.operands.linear` (bf16 operands under bf16)."""
         asm, h = self.asm, _up(h)
-        head = F.log_softmax(_up(linear(asm.head, h)), dim=-1)                 # (N, shortlist + clusters)
+        head = F.log_softmax(_up(linear(asm.head, h, precision)), dim=-1)      # (N, shortlist + clusters)
         bounds = asm.cutoffs                                                   # [shortlist, c2, ..., V]
         cluster = torch.bucketize(targets, targets.new_tensor(bounds), right=True)   # 0: the head
         in_head = torch.where(cluster == 0, targets, asm.shortlist_size + cluster - 1)
@@ -131,7 +134,8 @@ class AdaptiveSoftmax(nn.Module):
             rows = (cluster == i + 1).nonzero().squeeze(1)
             if rows.numel() == 0:
                 continue
-            tail = F.log_softmax(_up(linear(proj[1], linear(proj[0], h.index_select(0, rows)))), dim=-1)
+            tail = F.log_softmax(_up(linear(proj[1], linear(proj[0], h.index_select(0, rows), precision), precision)),
+                                 dim=-1)
             word = (targets.index_select(0, rows) - bounds[i]).unsqueeze(1)
             logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
         return -logp

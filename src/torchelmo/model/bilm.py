@@ -284,7 +284,7 @@ class BiLM(nn.Module, ComputeSettings):
         each distinct token is encoded once. ``groups``: see :meth:`CharCNNEncoder.encode_tokens`."""
         pad = token_index < 0
         with self.precision_scope():
-            emb = self.encoder.encode_tokens(char_ids, groups, self._fused())     # (U, P)
+            emb = self.encoder.encode_tokens(char_ids, groups, self._fused(), self.resolved_precision().name)  # (U, P)
             x = emb[token_index.clamp(min=0)].masked_fill(pad.unsqueeze(-1), 0.0)  # (2, B, T, P)
             return self.run_stacks(x, lengths, state)
 
@@ -321,7 +321,8 @@ class BiLM(nn.Module, ComputeSettings):
         # A frozen biLM (every weight without requires_grad, as Elmo keeps it) gives outputs that
         # need no gradient path: it runs the inference paths, under autograd too.
         with self.precision_scope(), torch.set_grad_enabled(self._trains()):
-            e = self.encoder(ids, plan, self._fused()).to(self.encoder.proj.weight.dtype)   # (B, T+2, P); autocast may give bf16
+            e = self.encoder(ids, plan, self._fused(), self.resolved_precision().name)   # (B, T+2, P)
+            e = e.to(self.encoder.proj.weight.dtype)                                     # autocast may give bf16
             layers = self.contextualise(e, full_len)
         if keep_sentence_boundaries:
             m = full_mask.unsqueeze(-1).to(e.dtype)

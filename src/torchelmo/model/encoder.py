@@ -243,15 +243,16 @@ class Highway(nn.Module):
         self.dim = dim
         self.proj = nn.Linear(dim, 2 * dim)  # rows [0, dim): transform, [dim, 2 dim): carry
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """``(N, dim)`` -> ``(N, dim)``; ``fused``: at inference on bf16 CPU operands, one compiled loop."""
-        if fused and bf16_operands(x.device.type, x.dtype) and usable():
+    def forward(self, x: torch.Tensor, fused: bool = False, precision: str | None = None) -> torch.Tensor:
+        """``(N, dim)`` -> ``(N, dim)``; ``precision``: the model's, resolved (``fp32``, ``tf32``,
+        ``bf16``; None: fp32); ``fused``: at inference on bf16 CPU operands, one compiled loop."""
+        if fused and bf16_operands(precision, x.device.type, x.dtype) and usable():
             # One compiled loop from the bf16 product to the output, in place of a pass over the
             # product per eager op (cast, bias, relu, sigmoid, mix).
-            p = product(self.proj, x)                                   # (N, 2 dim) bfloat16
+            p = product(self.proj, x, precision)                        # (N, 2 dim) bfloat16
             return run(_highway_fused, (p, self.proj.bias, x), lambda: _highway_fused(p, self.proj.bias, x),
                        [(p, 0), (x, 0)], "the highway")
-        transform, carry = linear(self.proj, x).split(self.dim, dim=-1)
+        transform, carry = linear(self.proj, x, precision).split(self.dim, dim=-1)
         if torch.is_grad_enabled() or transform.dtype != x.dtype:
             return highway_mix(transform, carry, x)
         # Without autograd, in the product's own memory: each temporary of a batch's distinct
@@ -285,17 +286,19 @@ class CharCNNEncoder(nn.Module):
         self._cache_table: torch.Tensor | None = None
 
     def encode_tokens(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None,
-                      fused: bool = False) -> torch.Tensor:
+                      fused: bool = False, precision: str | None = None) -> torch.Tensor:
         """``(N, 50)`` -> ``(N, P)``, no deduplication, no cache. ``groups``: when the rows are
         already in ascending order of character length, its ``(length, count)`` runs (see
         :func:`plan_tokens`), which spares the device a sort and a synchronisation. ``fused``:
         the compiled inference loops (max-pool, highway) where the operands are bf16 on a CPU
-        (the model's backend ``cpu+compile``)."""
-        h = self._conv_max(ids, groups, fused)                # (N, n_filters)
+        (the model's backend ``cpu+compile``). ``precision``: the model's, resolved (``fp32``,
+        ``tf32``, ``bf16``; None: fp32): bf16 multiplies bf16 tensors on a CPU
+        (:mod:`torchelmo.numerics.operands`)."""
+        h = self._conv_max(ids, groups, fused, precision)     # (N, n_filters)
         h = self._act(h) if torch.is_grad_enabled() else self._act_(h)
         for hw in self.highways:
-            h = hw(h, fused)
-        return linear(self.proj, h)
+            h = hw(h, fused, precision)
+        return linear(self.proj, h, precision)
 
     def conv_reference(self, ids: torch.Tensor) -> torch.Tensor:
         """``(N, 50)`` -> ``(N, n_filters)``: the char-CNN as written (every width, every position)."""
@@ -303,7 +306,7 @@ class CharCNNEncoder(nn.Module):
         return self._act(torch.cat([conv(x).amax(dim=-1) for conv in self.convs], dim=-1))
 
     def _conv_max(self, ids: torch.Tensor, groups: list[tuple[int, int]] | None = None,
-                  fused: bool = False) -> torch.Tensor:
+                  fused: bool = False, precision: str | None = None) -> torch.Tensor:
         """Max over positions of every filter's valid cross-correlation, before the activation.
 
         The same windows as :meth:`conv_reference`, computed with less work:
@@ -340,10 +343,10 @@ class CharCNNEncoder(nn.Module):
         trains = torch.is_grad_enabled() and (emb.requires_grad or any(
             p.requires_grad for conv in self.convs for p in (conv.weight, conv.bias)))
         if trains and ids.device.type == "cpu":
-            dtype = torch.bfloat16 if bf16_training("cpu", bias.dtype) else bias.dtype
+            dtype = torch.bfloat16 if bf16_training(precision, "cpu", bias.dtype) else bias.dtype
             out = _WindowMax.apply(emb, self._stacked_filters(), bias, pad_win, groups, layout, dtype)
         else:
-            weight = self._filters(ids.device.type)                      # (w_max * E, F)
+            weight = self._filters(ids.device.type, precision)           # (w_max * E, F)
             out = _window_max(emb.to(weight.dtype), weight, bias, pad_win.to(weight.dtype), groups, layout,
                               fused=fused)[0]
         if order is None:
@@ -360,28 +363,29 @@ class CharCNNEncoder(nn.Module):
         weight = torch.cat([F.pad(conv.weight, (0, w_max - w)) for conv, w in zip(self.convs, widths)])
         return weight.permute(2, 1, 0).reshape(w_max * self.config.char_embed_dim, self.config.n_filters)
 
-    def _filters(self, device_type: str) -> torch.Tensor:
+    def _filters(self, device_type: str, precision: str | None) -> torch.Tensor:
         """:meth:`_stacked_filters` outside CPU training, in the operand type (:mod:`torchelmo.numerics.operands`:
         at inference on bf16 operands, cast once and cached)."""
-        if bf16_operands(device_type, self.char_embed.weight.dtype):
+        if bf16_operands(precision, device_type, self.char_embed.weight.dtype):
             return bf16_cached(self, "filters", tuple(conv.weight for conv in self.convs), self._stacked_filters)
         return self._stacked_filters()
 
-    def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None, fused: bool = False) -> torch.Tensor:
+    def forward(self, char_ids: torch.Tensor, plan: TokenPlan | None = None, fused: bool = False,
+                precision: str | None = None) -> torch.Tensor:
         """``(B, T, 50)`` -> ``(B, T, P)``; padded positions (all-zero ids) give zeros.
 
         ``plan``: the batch's distinct tokens found on the host (:func:`plan_tokens`), already on
-        this module's device; ``char_ids`` may then stay on the host. ``fused``: see
-        :meth:`encode_tokens`."""
+        this module's device; ``char_ids`` may then stay on the host. ``fused``, ``precision``:
+        see :meth:`encode_tokens`."""
         B, T, C = char_ids.shape
         if B * T == 0:
             return self.proj.weight.new_zeros(B, T, self.config.projection_dim)
         if plan is None:
             uniq, inverse = torch.unique(char_ids.reshape(-1, C), dim=0, return_inverse=True)
-            emb = self._encode_unique(uniq, None, fused)
+            emb = self._encode_unique(uniq, None, fused, precision)
         else:
             uniq, inverse = plan.unique, plan.inverse
-            emb = self._encode_unique(uniq, plan.groups, fused)
+            emb = self._encode_unique(uniq, plan.groups, fused, precision)
         out = emb[inverse].view(B, T, -1)
         mask = copy_to(char_ids[..., 0] > 0, out.device)
         return out * mask.unsqueeze(-1).to(out.dtype)
@@ -393,9 +397,9 @@ class CharCNNEncoder(nn.Module):
             torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
 
     def _encode_unique(self, uniq: torch.Tensor, groups: list[tuple[int, int]] | None = None,
-                       fused: bool = False) -> torch.Tensor:
+                       fused: bool = False, precision: str | None = None) -> torch.Tensor:
         if not self._cache_usable():
-            return self.encode_tokens(uniq, groups, fused)
+            return self.encode_tokens(uniq, groups, fused, precision)
         assert self._cache is not None and self._cache_table is not None
         rows = [self._cache.get(tuple(r)) for r in uniq.tolist()]
         hit = [i for i, r in enumerate(rows) if r is not None]
@@ -405,7 +409,7 @@ class CharCNNEncoder(nn.Module):
         if hit:
             out[hit] = table[[rows[i] for i in hit]]
         if miss:
-            out[miss] = self.encode_tokens(uniq[miss], fused=fused)
+            out[miss] = self.encode_tokens(uniq[miss], fused=fused, precision=precision)
         return out
 
     @torch.no_grad()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from .backend import check_backend
-from .precision import Precision, active_precision, check_precision, resolve_precision
+from .precision import Precision, check_precision, resolve_precision
 
 
 class ComputeSettings:
@@ -57,13 +57,10 @@ class ComputeSettings:
 
     @contextlib.contextmanager
     def precision_scope(self) -> Iterator[Precision]:
-        """The one place the model's precision is applied: a biLM's ``forward`` and
-        ``run_tokens`` and the language model's loss all run inside it. Nested entries (the LM's
-        loss around ``run_tokens``) apply nothing more; the nesting is the calling thread's (the
-        active scope is a context variable), so threads sharing a model each apply it."""
+        """The one place torch's switches for the model's precision are set (CUDA's TF32 and
+        autocast; none on a CPU, where the precision's name is passed to each component): a
+        biLM's ``forward`` and ``run_tokens`` and the language model's loss run inside it. A
+        nested entry sets the same switches again, which changes nothing."""
         precision = self.resolved_precision()
-        if active_precision() == precision:
-            yield precision
-            return
         with precision.scope():
             yield precision

@@ -88,9 +88,9 @@ def lstm_layer(
     c0, h0 : ``(2, B, D)``, ``(2, B, P)`` initial state.
     w_h : ``(2, P, 4D)`` recurrent matrix to use instead of ``layer.w_h`` (weight drop: one
         dropped copy serves every step of the window).
-    precision : ``fp32``, ``tf32`` or ``bf16``: the matmul operands of the fused CUDA recurrence.
-        The CPU paths compute in fp32 tensors; under bf16 their matmuls round operands to bf16
-        (the model's :meth:`~torchelmo.BiLM.precision_scope`) and the bias is added in fp32.
+    precision : ``fp32``, ``tf32`` or ``bf16``: the matmul operands. On a CPU, bf16 multiplies
+        bf16 tensors (:mod:`torchelmo.numerics.operands`), the bias added and the gates computed in
+        fp32; tf32 is fp32 there.
     backend : ``auto``, ``cpu``, ``triton`` or ``triton+graphs`` (:mod:`torchelmo.numerics.backend`;
         None: its default), or a name :func:`~torchelmo.numerics.backend.resolve_backend` already resolved.
 
@@ -107,8 +107,8 @@ def lstm_layer(
 def _run_cpu(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, precision, fused=False):
     x = x.to(layer.w_x.dtype)   # under bf16 autocast the inputs may arrive in bfloat16
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, c0, h0, w_h, *layer.parameters())):
-        return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused)
-    ops = Operands.pick(x.device.type, layer.w_x.dtype, fused)
+        return lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused, precision)
+    ops = Operands.pick(precision, x.device.type, layer.w_x.dtype, fused)
     if layer.input_dim + layer.projection_dim <= JOINT_MAX_K:
         return lstm_inference_joint(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
     return lstm_inference_chunked(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, ops)
@@ -135,7 +135,7 @@ _BACKENDS = {"cpu": _run_cpu, "cpu+compile": _run_cpu_compile, "triton": _run_tr
              "triton+graphs": _run_triton_graphs}
 
 
-def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused=False):
+def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fused=False, precision="fp32"):
     """:func:`lstm_layer` where gradients are needed: backpropagation through time written out
     (:class:`~torchelmo.numerics.bptt.Recurrence`), on bf16 operands under bf16 (:mod:`torchelmo.numerics.operands`);
     ``fused``: there, each step's gates forward and backward as compiled loops where they can be."""
@@ -143,7 +143,7 @@ def lstm_layer_autograd(layer, x, lengths, c0, h0, cell_clip, proj_clip, w_h, fu
     runs = [n for n in _running_rows(lengths, T) if n > 0]
     if not runs:
         return x.new_zeros(2, B, T, layer.projection_dim), c0, h0
-    dtype = torch.bfloat16 if bf16_training(x.device.type, x.dtype) else None
+    dtype = torch.bfloat16 if bf16_training(precision, x.device.type, x.dtype) else None
     gates = compiled_training() if fused and dtype is not None else None
     return Recurrence.apply(x, c0, h0, layer.w_x, w_h, _folded_bias(layer), layer.w_p, runs,
                             cell_clip, proj_clip, dtype, gates)
@@ -181,8 +181,8 @@ class Operands:
         self.fused = fused   # the gate epilogue compiled (torchelmo.numerics.epilogue) where it can be
 
     @staticmethod
-    def pick(device_type: str, model_dtype: torch.dtype, fused: bool = False) -> Operands:
-        return Operands(torch.bfloat16 if bf16_operands(device_type, model_dtype) else model_dtype, fused)
+    def pick(precision: str, device_type: str, model_dtype: torch.dtype, fused: bool = False) -> Operands:
+        return Operands(torch.bfloat16 if bf16_operands(precision, device_type, model_dtype) else model_dtype, fused)
 
     def cell(self, layer: BiLstmLayer, c0: torch.Tensor, cell_clip: float | None) -> _Cell:
         """A step's gates for these operands: the bias added to bf16 products after the matmul."""

@@ -13,8 +13,9 @@ tensors:
 
 Activations are cast per call. A product comes back in bfloat16 (the matmul accumulates in fp32
 and rounds its result); biases, gates, cell state, clips and every elementwise step stay fp32.
-The training loss of the full and adaptive softmaxes goes through :func:`linear` too; the rest
-(the sampled softmax, log-probabilities of the whole vocabulary) keeps the math mode.
+The softmax's training loss goes through :func:`linear` (full, adaptive) and :func:`affine`
+(sampled) too; log-probabilities of the whole vocabulary stay fp32. The precision arrives as an
+argument (a resolved name: ``fp32``, ``tf32``, ``bf16``); no process-wide switch is read or set.
 
 oneDNN compiles a kernel for each new shape of a bf16 product (about 4 ms each here) and keeps
 the latest 1024. The model's row counts (distinct tokens, a length group's windows, a cluster's
@@ -34,26 +35,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .precision import active_precision
 
-
-def _bf16_cpu(device_type: str, dtype: torch.dtype) -> bool:
+def _bf16_cpu(precision: str | None, device_type: str, dtype: torch.dtype) -> bool:
     # On every CPU, so that bf16 gives the same numbers everywhere (fast where the CPU has
     # bfloat16 units; auto picks bf16 only there).
-    p = active_precision()
-    return p is not None and p.name == "bf16" and device_type == "cpu" and dtype == torch.float32
+    return precision == "bf16" and device_type == "cpu" and dtype == torch.float32
 
 
-def bf16_operands(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether inference on ``device_type`` for a model of ``dtype`` multiplies bf16 tensors here
-    (weights cached): inside a bf16 scope, on a CPU, for an fp32 model, without autograd."""
-    return not torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
+def bf16_operands(precision: str | None, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether inference at ``precision`` (a resolved name: ``fp32``, ``tf32``, ``bf16``; None:
+    fp32) on ``device_type`` for a model of ``dtype`` multiplies bf16 tensors (weights cached):
+    bf16, on a CPU, for an fp32 model, without autograd."""
+    return not torch.is_grad_enabled() and _bf16_cpu(precision, device_type, dtype)
 
 
-def bf16_training(device_type: str, dtype: torch.dtype) -> bool:
+def bf16_training(precision: str | None, device_type: str, dtype: torch.dtype) -> bool:
     """Whether a forward pass with autograd multiplies bf16 tensors (weights cast per pass): as
     :func:`bf16_operands`, with autograd."""
-    return torch.is_grad_enabled() and _bf16_cpu(device_type, dtype)
+    return torch.is_grad_enabled() and _bf16_cpu(precision, device_type, dtype)
 
 
 # module -> {name: (sources, their versions, the bf16 tensor)}. Beside the modules, not on them,
@@ -121,28 +120,38 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(_pad_rows(a), b)[: a.shape[0]]
 
 
-def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def linear(layer: nn.Module, x: torch.Tensor, precision: str | None = None) -> torch.Tensor:
     """``F.linear(x, layer.weight, layer.bias)`` (an ``nn.Linear``, or any module with those two
-    attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so (the
-    bias added in fp32)."""
-    w = _bf16_weight(layer, x)
+    attributes), on bf16 operands where :func:`bf16_operands` or :func:`bf16_training` says so for
+    ``precision`` (the bias added in fp32)."""
+    w = _bf16_weight(layer, x, precision)
     if w is None:
         return F.linear(x, layer.weight, layer.bias)
     y = _times(x, w).float()   # then add in place: a mixed-type add would cast into a fresh temporary first
     return y if layer.bias is None else y.add_(layer.bias)
 
 
-def product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, precision: str | None
+           ) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a weight made per call (a sampled softmax's rows): on
+    bf16 operands where ``precision`` is bf16 on a CPU (cast per call, through autograd)."""
+    if not _bf16_cpu(precision, x.device.type, x.dtype):
+        return F.linear(x, weight, bias)
+    y = _times(x, weight.to(torch.bfloat16)).float()
+    return y if bias is None else y.add_(bias)
+
+
+def product(layer: nn.Module, x: torch.Tensor, precision: str | None) -> torch.Tensor | None:
     """:func:`linear` before its bias, ``x W^T`` ``(..., out)`` in bfloat16 (for a fused loop to
     add the bias to), where the operands are bf16; None where they are not."""
-    w = _bf16_weight(layer, x)
+    w = _bf16_weight(layer, x, precision)
     return None if w is None else _times(x, w)
 
 
-def _bf16_weight(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    if bf16_operands(x.device.type, x.dtype):
+def _bf16_weight(layer: nn.Module, x: torch.Tensor, precision: str | None) -> torch.Tensor | None:
+    if bf16_operands(precision, x.device.type, x.dtype):
         return bf16_cached(layer, "weight", (layer.weight,), lambda: layer.weight)
-    if bf16_training(x.device.type, x.dtype):
+    if bf16_training(precision, x.device.type, x.dtype):
         return layer.weight.to(torch.bfloat16)
     return None
 

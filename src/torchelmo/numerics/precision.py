@@ -1,5 +1,7 @@
 """Precision: one option for the Python API, ``elmo embed`` and ``elmo train``, resolved once into
-a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
+a :class:`Precision`. Its name (``fp32``, ``tf32``, ``bf16``) is passed as an argument to every
+component that multiplies (the char-CNN, highway, projections, recurrence, softmax); what only
+torch's switches can set (CUDA's TF32 and bf16 autocast) one context applies (:meth:`Precision.scope`).
 
 * ``fp32`` (default): IEEE fp32 everywhere (no TF32, no reduced-precision CPU matmuls): equal to
   the reference paths to ~1e-6.
@@ -9,9 +11,10 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
 
   - On a CPU, the char-CNN, highway, token projection and both LSTM stacks multiply bfloat16
     tensors, forward and backward (:mod:`torchelmo.numerics.operands`: weights cast once at inference,
-    once per pass in training; products rounded to bfloat16), and every other matmul (the
-    softmax) runs in oneDNN's bf16 math mode, which rounds fp32 operands to bfloat16 and returns
-    fp32. The model stays fp32 (in training: fp32 master weights and optimizer state). Each LSTM
+    once per pass in training; products rounded to bfloat16), and so does the softmax's training
+    loss (full, sampled, adaptive); scoring a whole vocabulary stays fp32. No process-wide switch
+    is set, so threads running models of different precisions do not disturb each other. The
+    model stays fp32 (in training: fp32 master weights and optimizer state). Each LSTM
     step's gates run as one compiled loop whose sigmoid and tanh are rational functions, exact
     to 5e-7 (the backend ``auto`` picks, :mod:`torchelmo.numerics.epilogue`). The numbers are the same on
     every CPU; the speed is not: bf16 matmuls are several times fp32's where the CPU has bfloat16
@@ -26,7 +29,6 @@ a :class:`Precision` that one context (:meth:`Precision.scope`) applies.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import os
 import warnings
@@ -117,37 +119,19 @@ class Precision:
         """bfloat16 autocast on CUDA under bf16; none on a CPU (its bf16 runs in fp32 tensors)."""
         return torch.bfloat16 if self.name == "bf16" and self.device_type == "cuda" else None
 
-    @property
-    def cpu_math(self) -> str:
-        """oneDNN's math mode for the CPU's fp32 matmuls and convolutions: ``bf16`` or ``ieee``."""
-        return "bf16" if self.name == "bf16" else "ieee"
-
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
-        """Run the code inside at this precision, and restore the process's settings after."""
+        """What only torch's switches can set, set for the code inside and restored after: on
+        CUDA, TF32 (a process-wide switch: threads sharing a GPU share it) and bf16 autocast (per
+        thread). Nothing on a CPU: there the precision travels as an argument."""
         with contextlib.ExitStack() as stack:
             if self.device_type == "cuda":
                 saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.name == "tf32"
                 stack.callback(_restore_tf32, saved)
-            elif self.device_type == "cpu":
-                mkl = torch.backends.mkldnn
-                saved_cpu = mkl.matmul.fp32_precision, mkl.conv.fp32_precision
-                mkl.matmul.fp32_precision = mkl.conv.fp32_precision = self.cpu_math
-                stack.callback(_restore_cpu, saved_cpu)
             if self.autocast_dtype is not None:
                 stack.enter_context(torch.autocast(self.device_type, dtype=self.autocast_dtype))
-            stack.callback(_ACTIVE.reset, _ACTIVE.set(self))
             yield
-
-
-# The precision whose scope is active, for the components that ask (:func:`active_precision`).
-_ACTIVE: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("torchelmo_precision", default=None)
-
-
-def active_precision() -> Precision | None:
-    """The :class:`Precision` whose :meth:`~Precision.scope` the caller runs in (None outside any)."""
-    return _ACTIVE.get()
 
 
 def resolve_precision(name: str, device: torch.device | str) -> Precision:
@@ -181,6 +165,3 @@ def precision_context(precision: str, device: torch.device) -> contextlib.Abstra
 def _restore_tf32(saved: tuple[bool, bool]) -> None:
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
-
-def _restore_cpu(saved: tuple[str, str]) -> None:
-    torch.backends.mkldnn.matmul.fp32_precision, torch.backends.mkldnn.conv.fp32_precision = saved

@@ -80,7 +80,8 @@ class _ElmoCharacterEncoder(nn.Module):
         mask = torch.arange(ids.shape[1], device=device).unsqueeze(0) < (lengths + 2).unsqueeze(1)
         bilm = self.__dict__["_bilm"]
         with bilm.precision_scope() if bilm is not None else contextlib.nullcontext():
-            emb = self.encoder(ids).to(self.encoder.proj.weight.dtype)
+            precision = bilm.resolved_precision().name if bilm is not None else None
+            emb = self.encoder(ids, precision=precision).to(self.encoder.proj.weight.dtype)
         return {"token_embedding": emb, "mask": mask}
 
     def allennlp_state_dict(self) -> OrderedDict[str, torch.Tensor]:
