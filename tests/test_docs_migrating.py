@@ -11,13 +11,13 @@ import torch
 from conftest import ROOT
 from torchelmo.cli import main
 
-EXTRAS_NEEDED = ("flair",)   # the flair block
+EXTRAS_NEEDED = ("flair",)   # the flair blocks
 
 
 def test_migrating_examples_run(tmp_path, monkeypatch):
     text = (ROOT / "docs" / "migrating.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```(python|bash)\n(.*?)^```", text, re.M | re.S)
-    assert [kind for kind, _ in blocks].count("python") == 6 and len(blocks) == 7
+    assert [kind for kind, _ in blocks].count("python") == 7 and len(blocks) == 8
     monkeypatch.chdir(tmp_path)
     n = torch.get_num_threads()
     namespace: dict = {}
