@@ -178,3 +178,50 @@ def test_factory_found_through_the_entry_point_and_core_stays_light(allennlp_dir
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(3, 32)"
+
+
+@pytest.mark.parametrize("naming", ["relative", "nested", "published pair", "registry name"])
+def test_saved_pipeline_loads_from_any_directory_however_its_model_was_named(
+        allennlp_dir, bilm, tmp_path, monkeypatch, naming):
+    # Made in one working directory with the model named as a user would; loaded from another
+    # directory where that name means nothing (the folder not there; the registry name not in
+    # an empty offline cache): the same vectors, from the copy the pipeline carries.
+    import shutil
+
+    from torchelmo.io.download import seed_cache
+    from torchelmo.model.registry import ALIASES, REGISTRY
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("ELMO_OFFLINE", "1")
+    monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "cache"))
+    if naming == "relative":
+        name = "my-model"
+        bilm.save_pretrained(work / name)
+    elif naming == "nested":
+        name = "models/mine"
+        bilm.save_pretrained(work / name)
+    elif naming == "published pair":
+        name = "published"
+        shutil.copytree(allennlp_dir, work / name)
+    else:
+        name = "small"
+        small = REGISTRY[ALIASES["small"]]
+        seed_cache(small["options"], allennlp_dir / "options.json", kind="json")
+        seed_cache(small["weights"], allennlp_dir / "lm_weights.hdf5", kind="hdf5")
+    nlp = _nlp(name, layers=[1, 2])
+    want = nlp(TEXTS[0])._.elmo
+    nlp.to_disk(work / "pipe")
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "empty-cache"))
+    loaded = spacy.load(tmp_path / "work" / "pipe")
+    np.testing.assert_allclose(loaded(TEXTS[0])._.elmo, want, atol=1e-6, rtol=1e-6)
+
+
+def test_an_existing_model_folder_that_does_not_load_is_an_error_at_once(tmp_path):
+    import torchelmo.integrations.spacy  # noqa: F401
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json", encoding="utf-8")
+    nlp = spacy.blank("en")
+    with pytest.raises(ElmoError, match="broken"):
+        nlp.add_pipe("elmo", config={"model": str(tmp_path / "broken"), "device": "cpu"})

@@ -30,10 +30,13 @@ from workers through spaCy's serialisation, which keeps ``._.elmo``, ``._.elmo_l
 :func:`similarity` gives the cosine of the mixes for any two docs, spans or tokens.
 
 Saving: ``nlp.to_disk(path)`` stores the component's model in ``path/elmo/model`` (the native
-format) and ``spacy.load(path)`` reads it from there, so a saved pipeline does not need the
-directory its ``model`` setting named. When that setting is a local path that no longer exists
-(the pipeline moved to another machine), the component waits for its saved copy, and says so
-in one line if it is used without one.
+format) and ``spacy.load(path)`` reads it from there, so a saved pipeline does not need what its
+``model`` setting named, however it was named (a folder, relative or absolute, a registry name,
+a Hub id) and from whatever working directory it is loaded. spaCy builds the component from its
+settings before handing it the saved copy: where the ``model`` setting cannot be loaded there
+(a relative folder seen from elsewhere, a name that cannot be fetched offline), the component
+waits for that copy, and says in one line why it has no model if it is used without one. A
+folder that exists but does not load is an error at once.
 """
 
 from __future__ import annotations
@@ -109,11 +112,13 @@ class ElmoComponent:
         self._missing: str | None = None
         _register_extensions()
         try:
-            self._use(BiLM.from_pretrained(model))
+            bilm = BiLM.from_pretrained(model)
         except ElmoError as e:
-            if not _is_local_path(model) or Path(model).expanduser().exists():
+            if Path(model).expanduser().exists():    # there, but broken: nothing saved can stand in
                 raise
             self._missing = f"{e}; nor was this pipeline loaded from a directory that holds its model"
+        else:
+            self._use(bilm)                          # the settings checked against the model at once
 
     @property
     def bilm(self) -> BiLM:
@@ -192,10 +197,6 @@ def _mix(x: Doc | Span | Token) -> np.ndarray | None:
     if isinstance(x, Doc):
         return x._.elmo.mean(0) if x._.elmo is not None and len(x) else None
     return x._.elmo
-
-
-def _is_local_path(name: str) -> bool:
-    return os.path.isabs(os.path.expanduser(name)) or name.startswith(".")
 
 
 @Language.factory("elmo", default_config={"model": "default", "layers": None, "scalar_mix_parameters": None,
