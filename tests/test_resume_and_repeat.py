@@ -3,12 +3,14 @@ resume, the same settings bitwise the same, shards that merge into the unsharded
 
 import json
 import shutil
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
 
-from helpers import write_lines
+from helpers import ENV, one_line_error, write_lines
 from torchelmo.cli import main as cli_main
 
 
@@ -20,6 +22,45 @@ def test_resuming_a_finished_run_adds_no_metrics_line(tmp_path, tiny_run):
     assert sum("valid_ppl_mean" in ln for ln in before.splitlines()) == 1
     assert cli_main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
     assert (run / "metrics.jsonl").read_text() == before
+
+
+# One trainer per run directory.
+def test_a_second_trainer_on_a_run_directory_is_refused_in_one_line(tmp_path, tiny_run, fixture_corpus, capsys):
+    # While one process holds the run (as a trainer does from before it reads the run until its
+    # last write), resuming it and starting over in it are refused, naming the holder, before
+    # anything is read or deleted; once the holder is killed, its lock file blocks nothing.
+    data, vocab = fixture_corpus
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    files = sorted(p.name for p in run.iterdir())
+    hold = ("import sys, time\nfrom torchelmo.train.checkpoint import hold_run_dir\n"
+            "with hold_run_dir(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for argv in (["train", "--out", run, "--resume", "--no-progress"],
+                     ["train", "--out", run, "--overwrite", "--train", data, "--vocab", vocab, "--model", "tiny",
+                      "--max-steps", "2", "--no-progress"]):
+            one_line_error(capsys, argv, str(run), "another elmo train", f"pid {holder.pid}")
+        assert sorted(p.name for p in run.iterdir()) == sorted({*files, "train.lock"})
+        assert (run / "checkpoint.pt").stat().st_size > 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli_main(["train", "--out", str(run), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_a_lock_that_is_a_link_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.lock").symlink_to(tmp_path / "elsewhere")
+    from torchelmo.errors import ElmoError
+    from torchelmo.train.checkpoint import hold_run_dir
+    with pytest.raises(ElmoError, match="cannot open the run's lock"):
+        with hold_run_dir(run):
+            pass
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def _ewt_dev_sentences(n: int) -> list[str]:

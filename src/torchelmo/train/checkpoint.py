@@ -13,15 +13,17 @@
     step, tokens_seen, elapsed, best, bad_evals, lr_scale     see Progress
 
 ``RUN/checkpoints/step-NNNNNNNN.pt`` keeps the last few (``keep_checkpoints``) for averaging.
+``RUN/train.lock`` is the run's lock (:func:`hold_run_dir`): one trainer per directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import ElmoError
-from ..io.fileio import GuardedWriter, atomic_path, check_path_name, write_error
+from ..io.fileio import GuardedWriter, atomic_path, check_path_name, lock_file, write_error
 from ..lm.model import LanguageModel
 from ..lm.vocab import Vocabulary
 from ..model import hub
@@ -166,6 +168,36 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any], strict: b
 # What a run writes into its directory; a new run there would mix with or silently replace it.
 RUN_FILES = (CHECKPOINT_NAME, KEPT_DIR, "metrics.jsonl", "train_config.json", "model", "best", "published",
              "tensorboard")
+
+
+LOCK_NAME = "train.lock"
+
+
+@contextlib.contextmanager
+def hold_run_dir(out_dir: str | Path) -> Iterator[None]:
+    """Hold ``out_dir``'s lock for the life of the block: the writer's lock of
+    :func:`torchelmo.io.fileio.lock_file` on ``out_dir/train.lock``, which the kernel releases
+    however the holder ends (a lock file left by a dead process blocks nothing). Another trainer,
+    fresh or resuming, is refused in one line naming the process that holds it. The directory is
+    made if need be. Where such locks are unavailable (not Linux) nothing is locked."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise ElmoError(f"{out / LOCK_NAME}: cannot open the run's lock ({e.strerror or e})") from None
+    try:
+        taken = lock_file(fd)
+        if taken is False:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ElmoError(f"{out}: another elmo train (pid {holder}) is using this run directory; "
+                            "wait for it to end, or stop it, before starting or resuming a run here")
+        if taken:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        os.close(fd)          # releases the lock
 
 
 # What a run killed before its first checkpoint leaves, and a new run rewrites from the start.

@@ -320,14 +320,18 @@ def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_fro
     """Train (or, with ``cfg.resume``, resume) per ``cfg``; returns a summary. Call from every rank
     under torchrun. ``resume_from``: the checkpoint, when the caller has read it already (then
     ``cfg`` must be :func:`checkpoint.resume_point`'s configuration)."""
-    if cfg.resume and resume_from is None:
-        settings, resume_from = ckpt_io.resume_point(cfg.out_dir, asdict(cfg))
-        if resume_from is not None:
-            cfg = TrainConfig.from_dict(settings, str(Path(cfg.out_dir) / ckpt_io.CHECKPOINT_NAME))
-    if resume_from is None:   # a new run: checked on every rank before anything is written
-        ckpt_io.claim_run_dir(cfg.out_dir, cfg.overwrite, cfg.resume, delete=os.environ.get("RANK", "0") == "0")
-    trainer = Trainer(cfg, log, resume_from)
-    try:
-        return trainer.setup().train()
-    finally:
-        trainer.cleanup()
+    main = os.environ.get("RANK", "0") == "0"
+    # One trainer per run directory, from before the run is read until its last write (rank 0
+    # holds it for the ranks of its job).
+    with ckpt_io.hold_run_dir(cfg.out_dir) if main else contextlib.nullcontext():
+        if cfg.resume and resume_from is None:
+            settings, resume_from = ckpt_io.resume_point(cfg.out_dir, asdict(cfg))
+            if resume_from is not None:
+                cfg = TrainConfig.from_dict(settings, str(Path(cfg.out_dir) / ckpt_io.CHECKPOINT_NAME))
+        if resume_from is None:   # a new run: checked on every rank before anything is written
+            ckpt_io.claim_run_dir(cfg.out_dir, cfg.overwrite, cfg.resume, delete=main)
+        trainer = Trainer(cfg, log, resume_from)
+        try:
+            return trainer.setup().train()
+        finally:
+            trainer.cleanup()
