@@ -143,3 +143,37 @@ def test_a_rerun_with_the_same_settings_is_bitwise_identical(tmp_path):
                 assert x.dtype == np.float32 and x.tobytes() == y.tobytes(), key
         assert dict(a.attrs) == dict(b.attrs)
 
+
+
+# Resume knows its vocabulary by content, not by its file's name and size.
+@pytest.mark.parametrize("change", ["swap two words", "append a word"])
+def test_resume_refuses_a_changed_vocabulary_in_one_line(tmp_path, fixture_corpus, capsys, change):
+    from conftest import base_config
+    from torchelmo.train import train
+    data, vocab = fixture_corpus
+    mine = tmp_path / "vocab.txt"
+    shutil.copy(vocab, mine)
+    train(base_config(tmp_path, data, mine, max_steps=3, checkpoint_every=3), log=lambda s: None)
+    run = tmp_path / "run"
+    lines = mine.read_text(encoding="utf-8").splitlines()
+    if change == "swap two words":
+        lines[5], lines[6] = lines[6], lines[5]        # same size, same words, another order
+    else:
+        lines.append("zyzzyva")
+    mine.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    before = (run / "checkpoint.pt").read_bytes()
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--max-steps", "4", "--no-progress"],
+                   str(mine), "not the vocabulary", "words changed, added or reordered")
+    assert (run / "checkpoint.pt").read_bytes() == before
+
+
+def test_a_checkpoint_from_before_the_vocabulary_digest_still_resumes(tmp_path, tiny_run):
+    # Runs in progress keep their checkpoints loadable: one without the digest resumes unchecked.
+    import torch
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert len(ckpt.pop("vocab_digest")) == 64
+    torch.save(ckpt, run / "checkpoint.pt")
+    assert cli_main(["train", "--out", str(run), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    assert "vocab_digest" in torch.load(run / "checkpoint.pt", weights_only=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -41,6 +43,12 @@ class Vocabulary:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """SHA-256 of the tokens in order (not of the file: counts and line endings aside, the
+        same vocabulary has the same digest); a checkpoint records it, and resume compares."""
+        return hashlib.sha256("\n".join(self.tokens).encode("utf-8", "surrogatepass")).hexdigest()
 
     def __contains__(self, token: str) -> bool:
         return token in self.index

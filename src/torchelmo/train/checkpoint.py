@@ -70,6 +70,7 @@ def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, opt
         "lstm_state": lstm_state, "rng": rng, "best": progress.best, "bad_evals": progress.bad_evals,
         "lr_scale": progress.lr_scale, "model_options": lm.bilm.config.to_options(),
         "cutoffs": getattr(lm.softmax, "cutoffs", None), "last_valid_step": progress.last_valid_step,
+        "vocab_digest": lm.vocab.digest,
     }
 
 
@@ -298,6 +299,11 @@ def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = 
         if not Path(cfg.vocab or "").is_file():
             raise ElmoError(f"{path}: its vocabulary {cfg.vocab} (from the run's config) is missing")
         vocab = Vocabulary.from_file(cfg.vocab)
+    saved = ckpt.get("vocab_digest")     # checkpoints before the digest was recorded have none
+    if saved is not None and saved != vocab.digest:
+        raise ElmoError(f"{cfg.vocab}: not the vocabulary {path} was trained with ({len(vocab):,} words, digest "
+                        f"{vocab.digest[:12]}; the checkpoint's: {str(saved)[:12]}): words changed, added or "
+                        "reordered. Give the run its own vocabulary")
     lm = LanguageModel(ElmoConfig.from_options(ckpt["model_options"], str(path)), vocab, softmax=cfg.softmax,
                        num_samples=cfg.num_samples, cutoffs=ckpt.get("cutoffs"),
                        regularisation=cfg.regularisation())
