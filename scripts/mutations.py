@@ -349,9 +349,41 @@ MUTATIONS = [
     Mutation(
         "metrics-not-trimmed-on-resume", "src/torchelmo/train/metrics.py",
         "a resumed run keeps the metrics lines logged after its checkpoint, then logs those steps again",
-        'if isinstance(entry, dict) and entry.get("step", 0) <= resumed_at:',
-        "if isinstance(entry, dict):",
+        'if entry["step"] <= resumed_at:',
+        "if True:",
         ("tests/test_resume_and_repeat.py::test_resume_drops_the_metrics_logged_after_the_checkpoint",)),
+    Mutation(
+        "metrics-damage-accepted", "src/torchelmo/train/metrics.py",
+        "a metrics line whose step is not a whole number is kept on resume (the run's log read as trusted)",
+        "        if isinstance(step, bool) or not isinstance(step, int) or step < 0:\n",
+        "        if False:\n",
+        ("tests/test_untrusted_files.py::test_tampered_run_files_are_one_line_refusals_on_resume",)),
+    # -- train/checkpoint.py: one trainer per run, a checkpoint read as untrusted input ---------
+    Mutation(
+        "run-lock-ignored", "src/torchelmo/train/checkpoint.py",
+        "a second trainer on a held run directory goes ahead (resumes or deletes the run under the first)",
+        "        if taken is False:\n",
+        "        if False:\n",
+        ("tests/test_resume_and_repeat.py::test_a_second_trainer_on_a_run_directory_is_refused_in_one_line",)),
+    Mutation(
+        "vocabulary-digest-unchecked", "src/torchelmo/train/checkpoint.py",
+        "resume accepts a vocabulary whose words were swapped or added",
+        "    if saved is not None and saved != vocab.digest:\n",
+        "    if False:\n",
+        ("tests/test_resume_and_repeat.py::test_resume_refuses_a_changed_vocabulary_in_one_line",)),
+    Mutation(
+        "checkpoint-counters-unchecked", "src/torchelmo/train/checkpoint.py",
+        "a checkpoint's step, counters and states are used as they are (a step of -5 trains on silently)",
+        "    for name, ok, what in checks:\n        if not ok:\n",
+        "    for name, ok, what in checks:\n        if False:\n",
+        ("tests/test_untrusted_files.py::test_tampered_run_files_are_one_line_refusals_on_resume",)),
+    # -- io/fileio.py: bounded reads ------------------------------------------------------------
+    Mutation(
+        "small-file-kind-unchecked", "src/torchelmo/io/fileio.py",
+        "a directory, device or FIFO given as a small file is read (hangs on a FIFO, reads /dev/zero up to the cap)",
+        "        if not stat.S_ISREG(st.st_mode):\n",
+        "        if False:\n",
+        ("tests/test_untrusted_files.py::test_every_small_file_is_read_with_bounds",)),
     Mutation(
         "metrics-last-validation-forgotten", "src/torchelmo/train/metrics.py",
         "a resumed run forgets the last validation kept from before its checkpoint (a finished run resumed "

@@ -70,7 +70,7 @@ def test_vocab_bad_files(tmp_path):
         Vocabulary.from_file(write(tmp_path / "v3.txt", ["<S>", "</S>", "<UNK>", "", "a"]))
     with pytest.raises(ElmoError, match="empty vocabulary"):
         Vocabulary.from_file(write(tmp_path / "v4.txt", []))
-    with pytest.raises(ElmoError, match="cannot read vocabulary"):
+    with pytest.raises(ElmoError, match="no such vocabulary"):
         Vocabulary.from_file(tmp_path / "missing.txt")
     with pytest.raises(ElmoError, match="no sentences"):
         Vocabulary.build([write(tmp_path / "empty.txt", ["", "  "])])

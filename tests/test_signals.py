@@ -36,6 +36,25 @@ def test_ctrl_c_during_start_up_ends_interrupted(tmp_path):
     assert interrupted >= 2
 
 
+def test_sigterm_during_trainings_set_up_ends_in_one_line(tmp_path):
+    # Between the start and the training loop (here: building the vocabulary of a large file),
+    # SIGTERM ends as Ctrl-C does, in one line; it used to end the process without a word.
+    data = write_lines(tmp_path / "train.txt", 400_000)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torchelmo.cli", "train", "--train", str(data), "--out", str(run),
+                             "--model", "tiny", "--max-steps", "5", "--no-progress", "--threads", "1"],
+                            env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run / "train.lock").exists():           # the run is held: set-up has begun
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines() == ["elmo train: interrupted"], err
+    assert not (run / "checkpoint.pt").exists()
+
+
 def test_ctrl_c_and_sigterm_in_embed_always_end_interrupted(tmp_path):
     inp = write_lines(tmp_path / "in.txt", 6000)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -73,6 +73,79 @@ def _options(**lstm):
     return opts
 
 
+# A training run's own files, read as untrusted input on resume: one line for each damage, and the
+# run as it was (nothing rewritten).
+def _ckpt_field(name, value):
+    def damage(run):
+        ckpt = torch.load(run / CHECKPOINT_NAME, weights_only=False)
+        ckpt[name] = value
+        torch.save(ckpt, run / CHECKPOINT_NAME)
+    return damage
+
+
+def _metrics(text: bytes):
+    def damage(run):
+        lines = (run / "metrics.jsonl").read_bytes()
+        (run / "metrics.jsonl").write_bytes(text + lines)
+    return damage
+
+
+def _replace_with(name, kind):
+    def damage(run):
+        p = run / name
+        if p.is_dir():
+            import shutil
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        p.mkdir() if kind == "dir" else p.write_text("x")
+    return damage
+
+
+@pytest.mark.parametrize("damage, parts", [
+    (_metrics(b'{"step": "x"}\n'), ["metrics.jsonl:1", "whole-number step"]),
+    (_metrics(b'{"step": null}\n'), ["metrics.jsonl:1", "whole-number step"]),
+    (_metrics(b'{"step": true}\n'), ["metrics.jsonl:1", "whole-number step"]),
+    (_metrics(b'\xff\xfe{"step": 1}\n'), ["metrics.jsonl:1", "not a line of JSON"]),
+    (_metrics(b'[1, 2]\n'), ["metrics.jsonl:1", "whole-number step"]),
+    (_replace_with("metrics.jsonl", "dir"), ["metrics.jsonl", "not a regular file"]),
+    (_replace_with("checkpoints", "file"), ["checkpoints", "not a directory"]),
+    (_ckpt_field("step", -5), ["step is -5", "whole number"]),
+    (_ckpt_field("step", 10**18), ["step is 1000000000000000000"]),
+    (_ckpt_field("step", "3"), ["step is '3'"]),
+    (_ckpt_field("lr_scale", float("nan")), ["lr_scale is nan"]),
+    (_ckpt_field("best", -1.0), ["best is -1.0"]),
+    (_ckpt_field("rng", [{"torch": "x", "python": ()}]), ["rng is malformed"]),
+    (_ckpt_field("rng", [{"torch": torch.zeros(3, dtype=torch.uint8), "python": (3, (1, 2), None)}]),
+     ["generator state does not load"]),
+    (_ckpt_field("lstm_state", [("a", "b")]), ["lstm_state is malformed"]),
+    (_ckpt_field("world_size", 0), ["world_size is 0"]),
+])
+def test_tampered_run_files_are_one_line_refusals_on_resume(tmp_path, tiny_run, capsys, damage, parts):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    damage(run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "train.lock"}
+    one_line_error(capsys, ["train", "--out", run, "--resume", "--max-steps", "4", "--no-progress"], *parts)
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "train.lock"}
+    assert after == before
+
+
+def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, tiny_run):
+    import json
+    import shutil
+
+    from torchelmo.cli import main as cli_main
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 3, "lo')                           # the last line, half written
+    assert cli_main(["train", "--out", str(run), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 4
+
+
 @pytest.mark.core
 @pytest.mark.parametrize("change, msg", [
     ({"use_skip_connections": "false"}, "lstm.use_skip_connections must be true or false"),
@@ -179,6 +252,65 @@ def test_a_checkpoint_holding_os_system_is_refused_by_name(tmp_path):
     with pytest.raises(ElmoError, match=r"refused: holds Python objects \((posix|nt)\.system\)"):
         load_checkpoint(path)
     assert not marker.exists()
+
+
+_BOUNDED_READ = """
+import sys
+from torchelmo import BiLM, ElmoConfig, ElmoError
+from torchelmo.integrations.manylangs.files import _read_text
+from torchelmo.lm.vocab import Vocabulary
+from torchelmo.train import TrainConfig
+from torchelmo.io.fileio import read_json
+kind, path = sys.argv[1], sys.argv[2]
+readers = {"options": ElmoConfig.from_json_file, "native config": lambda p: BiLM.from_pretrained(p.rsplit("/", 1)[0]),
+           "train config": lambda p: read_json(p, "train config"), "vocabulary": Vocabulary.from_file,
+           "char.dic": lambda p: _read_text(__import__("pathlib").Path(p))}
+try:
+    readers[kind](path)
+except ElmoError as e:
+    print(str(e))
+    sys.exit(3)
+"""
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("kind, name", [("options", "options.json"), ("native config", "config.json"),
+                                        ("train config", "train.json"), ("vocabulary", "vocab.txt"),
+                                        ("char.dic", "char.dic")])
+@pytest.mark.parametrize("shape", ["sparse 64 GiB", "/dev/zero", "FIFO", "directory"])
+def test_every_small_file_is_read_with_bounds(tmp_path, kind, name, shape):
+    # Each file the library parses is a regular file of bounded size, refused at once otherwise
+    # (these used to end in a MemoryError traceback, or hang on a FIFO until killed).
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ENV
+    d = tmp_path / "model"
+    d.mkdir()
+    if kind == "native config":
+        (d / "model.safetensors").write_bytes(b"")    # the config is read first
+    path = d / name
+    if shape == "sparse 64 GiB":
+        with open(path, "wb") as f:
+            f.truncate(64 * 2**30)
+        want = "bytes, over the"
+    elif shape == "/dev/zero":
+        path.symlink_to("/dev/zero")
+        want = "a character device, not a regular file"
+    elif shape == "FIFO":
+        os.mkfifo(path)
+        want = "a FIFO, not a regular file"
+    else:
+        path.mkdir()
+        want = "a directory, not a regular file"
+    t = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", _BOUNDED_READ, kind, str(path)], env=ENV, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 3, (run.returncode, run.stderr[-1500:])
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and want in lines[0], lines
+    assert time.monotonic() - t < 30
 
 
 @pytest.mark.core

@@ -14,6 +14,7 @@ from ..io.fileio import read_json
 from ..numerics.precision import CHOICES as PRECISION_CHOICES
 from ..numerics.precision import PRECISION_HELP
 from ..runtime import add_device_args, add_quiet_args, show_summary
+from ..signals import Interrupts
 from ..train.checkpoint import resume_point
 from ..train.config import SOFTMAX_CHOICES, TRAIN_PRESETS, TrainConfig
 from ..train.trainer import train
@@ -121,9 +122,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict | None
 
 
 def _run_train(args) -> int:
-    cfg, ckpt = config_from_args(args)
-    quiet = getattr(args, "quiet", 0)
-    summary = train(cfg, log=(lambda _: None) if quiet else None, resume_from=ckpt)
+    # From the start, SIGTERM ends in one line as Ctrl-C does; the training loop then takes both
+    # signals over itself (a checkpoint, then a clean stop) and gives them back after.
+    with Interrupts():
+        cfg, ckpt = config_from_args(args)
+        quiet = getattr(args, "quiet", 0)
+        summary = train(cfg, log=(lambda _: None) if quiet else None, resume_from=ckpt)
     if summary.get("stopped") in ("SIGINT", "SIGTERM"):   # a clean stop, but not the run's end
         return 128 + int(getattr(signal, summary["stopped"]))
     if quiet and show_summary(args) and os.environ.get("RANK", "0") == "0":

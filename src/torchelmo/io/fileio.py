@@ -27,6 +27,7 @@ import json
 import os
 import re
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -172,17 +173,63 @@ def check_destination(path: str | Path, directory: bool = False) -> None:
         raise write_error(path, OSError(errno.EACCES, f"{os.strerror(errno.EACCES)} ({place})"))
 
 
-def read_json(path: str | Path, what: str = "JSON file", expect: type | None = dict) -> Any:
-    """The JSON value in ``path``; a missing or unreadable file, bytes that are not UTF-8, text
-    that is not JSON, or (``expect``) a value of another type is an :class:`ElmoError` naming the
-    file and calling it ``what``."""
+# What a small file the library parses (options, configs, ELMoForManyLangs' dictionaries) may
+# weigh: far above any real one, far below what would exhaust a machine's memory.
+SMALL_FILE_CAP = 256 * 2**20
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: str | Path, what: str, cap: int = SMALL_FILE_CAP) -> int:
+    """A read-only descriptor of ``path`` (the caller closes it), which must be a regular file of
+    at most ``cap`` bytes: a FIFO, a device or a directory is refused at once (a FIFO is opened
+    without waiting for a writer), and so is a file whose size, sparse or not, is over the cap."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise ElmoError(f"{path}: no such {what}") from None
     except OSError as e:
         raise ElmoError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+            raise ElmoError(f"{path}: {kind}, not a regular file; a {what} must be one")
+        if st.st_size > cap:
+            raise ElmoError(f"{path}: {st.st_size:,} bytes, over the {cap:,} a {what} may have")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small(path: str | Path, what: str, cap: int = SMALL_FILE_CAP) -> bytes:
+    """The bytes of a small file the library parses, read in one pass: :func:`open_regular`'s
+    checks, and no more than ``cap`` bytes even where the file grows while it is read."""
+    fd = open_regular(path, what, cap)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(cap + 1)
+    except OSError as e:
+        raise ElmoError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise ElmoError(f"{path}: over the {cap:,} bytes a {what} may have")
+    return data
+
+
+def read_json(path: str | Path, what: str = "JSON file", expect: type | None = dict) -> Any:
+    """The JSON value in ``path``; a missing or unreadable file, one that is not a regular file
+    or is over :data:`SMALL_FILE_CAP` (:func:`read_small`), bytes that are not UTF-8, text that
+    is not JSON, or (``expect``) a value of another type is an :class:`ElmoError` naming the
+    file and calling it ``what``."""
+    path = Path(path)
+    try:
+        text = read_small(path, what).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ElmoError(f"{path}: not UTF-8 text (byte {e.start}); a {what} is JSON") from None
     try:

@@ -9,12 +9,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import ElmoError
-from ..io.fileio import atomic_path
+from ..io.fileio import atomic_path, open_regular
 from ..io.text import read_sentences
 from ..model.chars import BOS_TOKEN, EOS_TOKEN
 from .corpus import expand_files
 
 UNK_TOKEN = "<UNK>"
+VOCAB_FILE_CAP = 4 * 2**30   # the 1B Word Benchmark's vocabulary is 7 MB
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
 
@@ -65,10 +66,9 @@ class Vocabulary:
     def from_file(cls, path: str | Path) -> Vocabulary:
         """One token per line (the bilm-tf format); an optional second column is a count."""
         path = Path(path)
-        try:
-            f = open(path, encoding="utf-8")
-        except OSError as e:
-            raise ElmoError(f"{path}: cannot read vocabulary ({e.strerror})") from None
+        # a regular file (a FIFO or a device refused at once), read as a stream: vocabularies of
+        # millions of words are fine, a sparse file of many GB is not
+        f = open(open_regular(path, "vocabulary", VOCAB_FILE_CAP), encoding="utf-8")
         tokens, counts = [], []
         with f:
             try:

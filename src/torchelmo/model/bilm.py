@@ -17,6 +17,7 @@ the next batch (rows beyond the stored ones start from zero); :meth:`reset_state
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -400,7 +401,7 @@ def _load_pretrained(cls: type[BiLM], name_or_path: str | Path, **kw) -> BiLM:
     registry.check_model_name(name)
     path = registry.default_model_dir() if name == "default" else Path(name)
     if path.is_dir():
-        if (path / weights.CONFIG_NAME).is_file():
+        if os.path.lexists(path / weights.CONFIG_NAME):   # whatever it is: its reader says what is wrong
             weights.require_native_weights(path)   # before the model is allocated
             model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
             weights.load_native(model, path)

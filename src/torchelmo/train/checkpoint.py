@@ -38,6 +38,7 @@ from ..model import hub
 from ..model.config import ElmoConfig
 from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
 from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs
+from .metrics import check_log
 
 CHECKPOINT_NAME = "checkpoint.pt"
 KEPT_DIR = "checkpoints"
@@ -153,6 +154,11 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any], strict: b
         raise ElmoError(f"{path}: cannot resume from it: missing {', '.join(missing)}")
     if not isinstance(ckpt["config"], dict):
         raise ElmoError(f"{path}: its config is a {type(ckpt['config']).__name__}, not an object")
+    check_resume_fields(ckpt, path)
+    check_log(out_dir)
+    kept = Path(out_dir) / KEPT_DIR
+    if kept.exists() and (kept.is_symlink() or not kept.is_dir()):
+        raise ElmoError(f"{kept}: not a directory (the run keeps its last checkpoints there); move it away to resume")
     # Any other setting the user gave must be the run's: a resumed run keeps them, and a changed
     # one would otherwise be dropped without a word. ("auto" is resolved when a run starts.)
     changed = [f"{k} ({ckpt['config'][k]!r} -> {v!r})" for k, v in sorted(settings.items())
@@ -164,6 +170,50 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any], strict: b
     merged = {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}
     merged.update({k: settings.get(k, default) for k, default in PER_INVOCATION.items()})
     return merged, ckpt
+
+
+# A checkpoint's counters, what each must be (a run of a trillion steps is beyond any machine).
+MAX_COUNT = 10**12
+
+
+def _whole(v: Any, hi: int = MAX_COUNT) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def check_resume_fields(ckpt: dict, path: str | Path) -> None:
+    """A checkpoint read as untrusted input: every field resuming uses, of its type and in its
+    range, or one line naming the field."""
+    step = ckpt["step"]
+    checks = [
+        ("step", _whole(step), f"a whole number in 0..{MAX_COUNT:,}"),
+        ("tokens_seen", _whole(ckpt["tokens_seen"], MAX_COUNT * 10**6), "a whole number >= 0"),
+        ("elapsed", _real(ckpt["elapsed"]) and 0 <= ckpt["elapsed"] < math.inf, "finite seconds >= 0"),
+        ("best", _real(ckpt["best"]) and ckpt["best"] >= 1, "a perplexity >= 1 (inf before any validation)"),
+        ("bad_evals", _whole(ckpt["bad_evals"]), "a whole number >= 0"),
+        ("lr_scale", _real(ckpt["lr_scale"]) and 0 < ckpt["lr_scale"] < math.inf, "a finite number > 0"),
+        ("last_valid_step", ckpt.get("last_valid_step") is None
+         or (_whole(ckpt["last_valid_step"]) and _whole(step) and ckpt["last_valid_step"] <= step),
+         "None or a step no later than the checkpoint's"),
+        ("world_size", _whole(ckpt["world_size"], 1 << 20) and ckpt["world_size"] >= 1, "a whole number >= 1"),
+        ("rng", isinstance(ckpt["rng"], list) and all(
+            isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8
+            and isinstance(r.get("python"), tuple) for r in ckpt["rng"]),
+         "a list of per-rank generator states (torch: a uint8 tensor, python: random.getstate())"),
+        ("lstm_state", ckpt["lstm_state"] is None or (isinstance(ckpt["lstm_state"], list) and all(
+            isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 3 for t in pair)
+            for pair in ckpt["lstm_state"])),
+         "None or per layer a pair (c, h) of float tensors (2, rows, dim)"),
+    ]
+    for name, ok, what in checks:
+        if not ok:
+            value = ckpt.get(name)
+            shown = "malformed" if isinstance(value, (list, tuple, dict, torch.Tensor)) else repr(value)[:60]
+            raise ElmoError(f"{path}: cannot resume from it: {name} is {shown}, not {what} (the file is damaged)")
 
 
 # What a run writes into its directory; a new run there would mix with or silently replace it.
@@ -180,8 +230,10 @@ def hold_run_dir(out_dir: str | Path) -> Iterator[None]:
     :func:`torchelmo.io.fileio.lock_file` on ``out_dir/train.lock``, which the kernel releases
     however the holder ends (a lock file left by a dead process blocks nothing). Another trainer,
     fresh or resuming, is refused in one line naming the process that holds it. The directory is
-    made if need be. Where such locks are unavailable (not Linux) nothing is locked."""
+    made if need be, and removed again if the block fails before anything but the lock is in it.
+    Where such locks are unavailable (not Linux) nothing is locked."""
     out = Path(out_dir)
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -197,6 +249,11 @@ def hold_run_dir(out_dir: str | Path) -> Iterator[None]:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         yield
+    except BaseException:
+        if made and [p.name for p in out.iterdir()] == [LOCK_NAME]:   # nothing of a run: as it was
+            (out / LOCK_NAME).unlink()
+            out.rmdir()
+        raise
     finally:
         os.close(fd)          # releases the lock
 
@@ -283,7 +340,13 @@ class Checkpointer:
             rows = batcher.rows
             state = [(c[:, rows.start:rows.stop].to(self.device), h[:, rows.start:rows.stop].to(self.device))
                      for c, h in ckpt["lstm_state"]]
-        if not restore_rng(ckpt, env.rank, env.world_size, self.device):
+        try:
+            same_ranks = restore_rng(ckpt, env.rank, env.world_size, self.device)
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:   # a state torch or random refuses
+            msg = " ".join(str(e).split())[:160]
+            raise ElmoError(f"{self.path}: cannot resume from it: its generator state does not load "
+                            f"({type(e).__name__}: {msg}; the file is damaged)") from None
+        if not same_ranks:
             self.log(f"resume: the checkpoint was written by {ckpt['world_size']} ranks, this run has "
                      f"{env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
             seed_rngs(cfg.seed * 1000 + 1 + env.rank + 7919 * progress.step)

@@ -7,6 +7,7 @@ import json
 import warnings
 from pathlib import Path
 
+from ..errors import ElmoError
 from ..io.fileio import atomic_path
 
 METRICS_NAME = "metrics.jsonl"
@@ -18,14 +19,12 @@ class MetricsLog:
         after the checkpoint: those steps are recomputed now."""
         path = Path(out_dir) / METRICS_NAME
         self.last_valid: dict | None = None   # the last validation kept from before a resume
+        _check_kind(path)
         if resumed_at is not None and path.is_file():
             keep = []
-            for ln in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(ln)
-                except json.JSONDecodeError:  # a line cut short by a kill: recomputed anyway
-                    continue
-                if isinstance(entry, dict) and entry.get("step", 0) <= resumed_at:
+            for ln in _checked_lines(path):
+                entry = json.loads(ln)
+                if entry["step"] <= resumed_at:
                     keep.append(ln)
                     if "valid_ppl_mean" in entry:
                         self.last_valid = entry
@@ -57,3 +56,41 @@ class MetricsLog:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def check_log(out_dir: str | Path) -> None:
+    """Refuse, in one line, a run's metrics log that a resume could not continue (checked before
+    the run is read further: a damaged log stops nothing half way)."""
+    path = Path(out_dir) / METRICS_NAME
+    _check_kind(path)
+    if path.is_file():
+        _checked_lines(path)
+
+
+def _check_kind(path: Path) -> None:
+    if path.exists() and (path.is_symlink() or not path.is_file()):
+        raise ElmoError(f"{path}: not a regular file (the run's metrics log); move it away")
+
+
+def _checked_lines(path: Path) -> list[str]:
+    """The log's lines, each a JSON object with a whole-number ``step`` >= 0; the last line may be
+    cut short (a kill while writing it: dropped, its step is recomputed); any other damage is one
+    line naming the file and line."""
+    raw = path.read_bytes().split(b"\n")
+    numbered = [(i, b) for i, b in enumerate(raw, 1) if b.strip()]
+    out = []
+    for k, (i, b) in enumerate(numbered):
+        try:
+            ln = b.decode("utf-8")
+            entry = json.loads(ln)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if k == len(numbered) - 1:
+                continue
+            raise ElmoError(f"{path}:{i}: not a line of JSON (the run's metrics log is damaged); "
+                            "remove the line to resume") from None
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ElmoError(f"{path}:{i}: a metrics line must be an object with a whole-number step >= 0, "
+                            f"got {ln[:80]!r}; remove the line to resume")
+        out.append(ln)
+    return out

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ...errors import ElmoError
-from ...io.fileio import read_json
+from ...io.fileio import read_json, read_small
 from .vocab import ONE_FIELD_TOKEN
 
 CONFIG_NAME = "config.json"
@@ -40,12 +40,9 @@ def _missing(path: Path) -> ElmoError:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()     # bytes: line breaks are split below, as their reader splits them
-    except FileNotFoundError:
-        raise _missing(path) from None
-    except OSError as e:
-        raise ElmoError(f"{path}: cannot read ({e.strerror})") from None
+    if not path.exists() and not path.is_symlink():
+        raise _missing(path)
+    data = read_small(path, "dictionary")   # bytes: line breaks are split below, as their reader splits them
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
