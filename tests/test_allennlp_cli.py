@@ -69,7 +69,8 @@ def test_cuda_device(tmp_path, model_args, monkeypatch, capsys):
     rc, out = _run(tmp_path, LINES, model_args, "--cuda-device", "-1")
     assert rc == 0 and out.exists()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for flags, message in ((["--cuda-device", "0"], "--cuda-device cuda:0: CUDA is not available"),
+    monkeypatch.setattr(torch.version, "cuda", None)
+    for flags, message in ((["--cuda-device", "0"], "--cuda-device cuda:0: this torch is a CPU-only build"),
                            (["--cuda-device", "-1", "--device", "cpu"], "either --device or --cuda-device"),
                            (["--cuda-device", "-2"], "--cuda-device must be -1")):
         rc, _ = _run(tmp_path, LINES, model_args, *flags, name="bad.hdf5")

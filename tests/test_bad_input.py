@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import ROOT, one_line_error, tiny_published, write_lines
+from torchelmo.cli import main as cli_main
 from torchelmo.errors import ElmoError
 
 
@@ -254,3 +255,27 @@ def test_a_model_larger_than_the_memory_left_is_refused_before_allocation(tmp_pa
     monkeypatch.setattr(runtime, "available_memory", lambda: need)
     assert BiLM.from_pretrained(tmp_path / "m").config == model.config
 
+
+
+@pytest.mark.core
+def test_small_cli_mistakes_get_their_own_line(tmp_path, capsys):
+    # '-' as OUTPUT (stdin's name as INPUT) is refused, not written as a file named '-'; a flag
+    # given 0 is named as the flag; an error the library prefixes with the command's name says
+    # it once.
+    inp = write_lines(tmp_path / "in.txt", 2)
+    one_line_error(capsys, ["embed", inp, "-", "--top"], "OUTPUT -", "standard output")
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")
+    with pytest.raises(SystemExit):
+        cli_main(["embed", str(inp), str(tmp_path / "o.h5"), "--batch-size", "0"])
+    err = capsys.readouterr().err
+    assert "--batch-size: expected a positive integer, got '0'" in err and "batch_size" not in err
+    line = one_line_error(capsys, ["export", "default", tmp_path / "m.bin"], "cannot tell the format")
+    assert line.startswith("elmo export: error: ") and "error: export:" not in line
+
+
+@pytest.mark.core
+def test_an_empty_input_file_is_said_to_be_empty(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    assert cli_main(["embed", str(tmp_path / "empty.txt"), str(tmp_path / "o.h5"), "--top"]) == 0
+    err = capsys.readouterr().err
+    assert "empty.txt: no lines to embed" in err and "holds no sentences" in err

@@ -65,7 +65,12 @@ def test_resolve_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
     assert resolve_device(None) == torch.device("cpu")
-    with pytest.raises(ElmoError, match=r"^--device cuda: CUDA is not available"):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ElmoError, match=r"^--device cuda: this torch is a CPU-only build .*install a CUDA build"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")    # a CUDA build on a machine without a GPU
+    with pytest.raises(ElmoError, match=r"^--device cuda: no CUDA GPU is usable on this machine \(torch is built "
+                                        r"for CUDA 12.8.*use --device cpu$"):
         resolve_device("cuda")
     with pytest.raises(ElmoError, match=r"^--device: unknown device 'foo'"):
         resolve_device("foo")
@@ -111,13 +116,14 @@ def _argv(command, tmp, corpus):
 @pytest.mark.parametrize("command", ["embed", "perplexity", "train", "probe pos", "export"])
 @pytest.mark.parametrize("flags, message", [
     (["--device", "foo"], "--device: unknown device 'foo'"),
-    (["--device", "cuda"], "--device cuda: CUDA is not available"),
+    (["--device", "cuda"], "--device cuda: this torch is a CPU-only build"),
     (["--threads", "0"], "--threads must be a positive integer, got 0"),
     (["--threads", "-1"], "--threads must be a positive integer, got -1"),
 ])
 def test_bad_device_or_threads_is_one_line(command, flags, message, tmp_path, fixture_corpus,
                                            monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)   # the CPU build's message, on either build
     n = torch.get_num_threads()
     try:
         assert main(_argv(command, tmp_path, fixture_corpus) + flags) == 1

@@ -79,7 +79,9 @@ def _run(argv: list[str] | None) -> int:
         with bar_safe_output(command):   # warnings and log lines stay off progress bars
             return int(args.func(args) or 0)
     except ElmoError as e:
-        print(f"{command}: error: {e}", file=sys.stderr)
+        message = str(e)
+        said = command.split(" ", 1)[-1] + ": "     # the library names its API ("export: ..."): once is enough
+        print(f"{command}: error: {message[len(said):] if message.startswith(said) else message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if signals.work_done():   # the result was complete when the signal came: it stands

@@ -52,7 +52,10 @@ def resolve_device(spec: str | None = "auto", option: str = "--device",
     if device.type != "cuda":
         raise ElmoError(f"{option}: unsupported device {spec!r} (choose {DEVICE_HELP})")
     if not torch.cuda.is_available():
-        raise ElmoError(f"{option} {spec}: CUDA is not available in this installation "
+        if torch.version.cuda:   # a CUDA build: the machine has no GPU it can use
+            raise ElmoError(f"{option} {spec}: no CUDA GPU is usable on this machine (torch is built for CUDA "
+                            f"{torch.version.cuda}, but finds no device or driver); use --device cpu")
+        raise ElmoError(f"{option} {spec}: this torch is a CPU-only build "
                         "(use --device cpu, or install a CUDA build of torch)")
     n = torch.cuda.device_count()
     if device.index is None:   # one GPU per torchrun rank
@@ -93,6 +96,17 @@ def apply_device_args(args) -> torch.device:
     """Check ``args.device``/``args.threads``, set the threads, return the device."""
     set_threads(getattr(args, "threads", None))
     return resolve_device(getattr(args, "device", "auto"))
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse names the flag in its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def add_quiet_args(p) -> None:

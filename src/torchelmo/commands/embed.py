@@ -17,6 +17,7 @@ from ..runtime import (
     add_device_args,
     add_quiet_args,
     apply_device_args,
+    positive_int,
     resolve_cuda_device,
     show_progress,
     show_summary,
@@ -42,10 +43,10 @@ def add_subcommand(sub) -> None:
     p.add_argument("--options-file", help="published options.json (with --weight-file)")
     p.add_argument("--weight-file", help="published weights HDF5 (with --options-file)")
     p.add_argument("--model", help="model directory or published name (default: the embedded model)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"sentences per batch (default {STATELESS_BATCH_SIZE}; {STATEFUL_BATCH_SIZE} "
                    "with --stateful)")
-    p.add_argument("--max-tokens-per-batch", type=int, default=None,
+    p.add_argument("--max-tokens-per-batch", type=positive_int, default=None,
                    help="cap on rows x longest sentence per batch (default "
                    f"{STATELESS_MAX_TOKENS} when --batch-size is not given either)")
     p.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
@@ -154,6 +155,8 @@ def model_name(args) -> str:
 def run(args) -> int:
     """``elmo embed``: load the model, embed INPUT into OUTPUT, print a one-line summary."""
     _allennlp_flags(args)
+    if args.output == "-":
+        raise ElmoError("OUTPUT -: an HDF5 file cannot be written to standard output; give a file name")
     device = apply_device_args(args)
     shard = parse_shard(args.shard) if args.shard else None
     with Interrupts():   # from the model's load on: SIGTERM ends in one line, as Ctrl-C does
@@ -176,6 +179,8 @@ def run(args) -> int:
                        keys="sentence" if args.use_sentence_keys else "index",
                        blank_lines="error" if args.allennlp else "warn")
         mark_done()   # OUTPUT is complete and in place
+        if s.sentences == 0:
+            warnings.warn(f"{args.input}: no lines to embed; {s.output} holds no sentences", ElmoWarning, stacklevel=2)
     if show_summary(args):
         rate = s.tokens / max(s.seconds, 1e-9)
         print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "

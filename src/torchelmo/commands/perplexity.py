@@ -7,7 +7,7 @@ import json
 from ..io.fileio import atomic_path, check_destination
 from ..lm.corpus import expand_files
 from ..lm.model import PERPLEXITY_MODES, LanguageModel
-from ..runtime import add_device_args, apply_device_args
+from ..runtime import add_device_args, apply_device_args, positive_int
 
 
 def _run_perplexity(args) -> int:
@@ -35,9 +35,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("--mode", choices=PERPLEXITY_MODES, default="sentence",
                    help="sentence: each sentence from a zero state; stream: the text as contiguous "
                         "streams with carried state (as word-level LM papers)")
-    p.add_argument("--batch-size", type=int, default=64,
+    p.add_argument("--batch-size", type=positive_int, default=64,
                    help="sentences (sentence) or streams (stream) per batch (default 64)")
-    p.add_argument("--unroll", type=int, default=20, help="stream mode: tokens per step (default 20)")
+    p.add_argument("--unroll", type=positive_int, default=20, help="stream mode: tokens per step (default 20)")
     add_device_args(p)
     p.add_argument("--json", default=None, help="also write the result to this file")
     p.set_defaults(func=_run_perplexity)

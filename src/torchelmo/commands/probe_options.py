@@ -3,22 +3,11 @@ groups it needs)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..numerics.precision import CHOICES as PRECISION_CHOICES
 from ..numerics.precision import PRECISION_HELP
-from ..runtime import add_device_args, add_quiet_args
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+from ..runtime import add_device_args, add_quiet_args, positive_int
 
 
 def common_args(q):
