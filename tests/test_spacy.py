@@ -225,3 +225,21 @@ def test_an_existing_model_folder_that_does_not_load_is_an_error_at_once(tmp_pat
     nlp = spacy.blank("en")
     with pytest.raises(ElmoError, match="broken"):
         nlp.add_pipe("elmo", config={"model": str(tmp_path / "broken"), "device": "cpu"})
+
+
+def test_to_disk_replaces_a_link_in_the_pipeline_instead_of_writing_through_it(allennlp_dir, tmp_path):
+    nlp = _nlp(allennlp_dir)
+    want = nlp(TEXTS[0])._.elmo
+    pipe = tmp_path / "pipe"
+    nlp.to_disk(pipe)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (elsewhere / name).write_text("theirs")
+    import shutil
+    shutil.rmtree(pipe / "elmo" / "model")
+    (pipe / "elmo" / "model").symlink_to(elsewhere, target_is_directory=True)
+    nlp.to_disk(pipe)
+    assert all((elsewhere / n).read_text() == "theirs" for n in ("config.json", "model.safetensors", "README.md"))
+    assert not (pipe / "elmo" / "model").is_symlink() and (pipe / "elmo" / "model" / "model.safetensors").is_file()
+    np.testing.assert_allclose(spacy.load(pipe)(TEXTS[0])._.elmo, want, atol=1e-6, rtol=1e-6)

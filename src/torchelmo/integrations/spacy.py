@@ -172,7 +172,10 @@ class ElmoComponent:
                 hooks["similarity"] = similarity
 
     def to_disk(self, path: str | Path, exclude: Iterable[str] = ()) -> None:
-        self.bilm.save_pretrained(Path(path) / MODEL_DIR)
+        target = Path(path) / MODEL_DIR
+        if target.is_symlink():   # not ours: the link is replaced, what it points to is left alone
+            target.unlink()
+        self.bilm.save_pretrained(target)
 
     def from_disk(self, path: str | Path, exclude: Iterable[str] = ()) -> ElmoComponent:
         saved = Path(path) / MODEL_DIR
