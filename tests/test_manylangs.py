@@ -291,3 +291,37 @@ def test_published_configs_unaffected():
         ElmoConfig(n_characters=40)
     with pytest.raises(ElmoError, match="max_characters_per_token"):
         ElmoConfig(max_characters_per_token=12)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(models, tmp_path, bad):
+    # As native models: NaN or inf in a tensor is refused by name, not turned into NaN vectors.
+    d = _copy(models, tmp_path)
+    state = torch.load(d / "encoder.pkl", weights_only=True)
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name].view(-1)[3] = bad
+    torch.save(state, d / "encoder.pkl")
+    _refused(d, "encoder.pkl", name, "non-finite")
+
+
+def test_a_config_path_no_file_can_have_is_one_line(models, tmp_path):
+    d = _copy(models, tmp_path)
+    (d / "config.json").write_text(json.dumps({"config_path": "x" * 300 + ".json"}))
+    _refused(d, "config_path", "255")
+
+
+@pytest.mark.parametrize("how", ["torch.save", "torch.save legacy", "pickle protocol 2", "pickle protocol 4"])
+def test_pickle_payloads_are_named_as_refused(models, tmp_path, how):
+    # However the payload was pickled, the message says refused (nothing run), not "damaged".
+    import pickle
+    d = _copy(models, tmp_path)
+    marker = tmp_path / "ran"
+    state = torch.load(d / "encoder.pkl", weights_only=True)
+    state["x"] = _RunsCode(marker)
+    if how.startswith("torch.save"):
+        torch.save(state, d / "encoder.pkl", _use_new_zipfile_serialization=how == "torch.save")
+    else:
+        with open(d / "encoder.pkl", "wb") as f:
+            pickle.dump(state, f, protocol=int(how[-1]))
+    msg = _refused(d, "encoder.pkl", "refused", "nothing in it was run")
+    assert "damaged" not in msg and not marker.exists()

@@ -222,6 +222,16 @@ def read_small(path: str | Path, what: str, cap: int = SMALL_FILE_CAP) -> bytes:
     return data
 
 
+def refused_global(e: Exception) -> str | None:
+    """The Python object a ``torch.load(..., weights_only=True)`` refused to build (``posix.system``,
+    say), from its error, or None where the file failed for another reason (a damaged pickle).
+    torch before 2.13 says "Unsupported global: GLOBAL os.system"; 2.13 "unsupported GLOBAL
+    posix.system"; others "GLOBAL x.y was not an allowed global"."""
+    found = re.search(r"(?i)unsupported (?:global:? )?GLOBAL ([\w.]+)", str(e)) or \
+        re.search(r"GLOBAL ([A-Za-z_][\w.]*\.[A-Za-z_]\w*) was not an allowed global", str(e))
+    return found.group(1) if found else None
+
+
 def read_json(path: str | Path, what: str = "JSON file", expect: type | None = dict) -> Any:
     """The JSON value in ``path``; a missing or unreadable file, one that is not a regular file
     or is over :data:`SMALL_FILE_CAP` (:func:`read_small`), bytes that are not UTF-8, text that

@@ -22,7 +22,6 @@ import contextlib
 import math
 import os
 import pickle
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import ElmoError
-from ..io.fileio import GuardedWriter, atomic_path, check_path_name, lock_file, write_error
+from ..io.fileio import GuardedWriter, atomic_path, check_path_name, lock_file, refused_global, write_error
 from ..lm.model import LanguageModel
 from ..lm.vocab import Vocabulary
 from ..model import hub
@@ -122,11 +121,10 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch < 2.13: "Unsupported global: GLOBAL os.system"; 2.13: "unsupported GLOBAL posix.system"
-        found = re.search(r"(?i)unsupported (?:global:? )?GLOBAL ([\w.]+)", str(e))
+        found = refused_global(e)
         if found is None:   # not a pickle at all
             raise ElmoError(f"{path}: cannot read checkpoint (not a torch checkpoint file)") from None
-        raise ElmoError(f"{path}: refused: holds Python objects ({found.group(1)}) beyond tensors and plain "
+        raise ElmoError(f"{path}: refused: holds Python objects ({found}) beyond tensors and plain "
                         "data; elmo loads only checkpoints it wrote") from None
     except Exception as e:  # a checkpoint is only ever replaced atomically, so this is a foreign file
         msg = " ".join(str(e).split())[:200]

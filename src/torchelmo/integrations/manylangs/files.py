@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ...errors import ElmoError
-from ...io.fileio import read_json, read_small
+from ...io.fileio import check_path_name, read_json, read_small, refused_global
 from .vocab import ONE_FIELD_TOKEN
 
 CONFIG_NAME = "config.json"
@@ -97,10 +97,16 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # weights_only refuses any other global by name; a malformed file gives no such name.
-        found = re.search(r"GLOBAL ([A-Za-z_][\w.]*\.[A-Za-z_]\w*) was not an allowed global", str(e))
+        found = refused_global(e)
         if found:
-            raise ElmoError(f"{path}: refused: it holds {found[1]!r}, not a tensor or a plain container "
-                            f"(read with weights_only=True, so nothing in it was run)") from None
+            raise ElmoError(f"{path}: refused: holds Python objects ({found}) beyond tensors and plain "
+                            f"containers (read with weights_only=True, so nothing in it was run)") from None
+        operand = re.search(r"Unsupported operand (\d+)", str(e))
+        with open(path, "rb") as f:
+            pickled = f.read(1) == b"\x80"   # a pickle of protocol 2 or later; garbage starts otherwise
+        if operand and pickled:   # a pickle instruction the safe reader does not run (a plain pickle's, say)
+            raise ElmoError(f"{path}: refused: a pickle with instructions beyond tensors and plain containers "
+                            f"(operand {operand[1]}); read with weights_only=True, so nothing in it was run") from None
         raise ElmoError(f"{path}: not a readable PyTorch file (a damaged pickle)") from None
     except (PermissionError, IsADirectoryError) as e:
         raise ElmoError(f"{path}: cannot read ({e.strerror})") from None
@@ -110,6 +116,10 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                         f"{first})") from None
     if not isinstance(state, dict):
         raise ElmoError(f"{path}: holds a {type(state).__name__}, not a state dict")
+    for name, t in state.items():   # as native weights: NaN or inf would give NaN vectors silently
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ElmoError(f"{path}: {name} holds {bad} non-finite value(s) (NaN or inf); refused")
     return state
 
 
@@ -117,6 +127,7 @@ def resolve_config_path(model_dir: Path, config_path: str) -> Path | str:
     """Where their Embedder finds the model config: ``config_path`` under the model directory (an
     absolute one stays as it is), else its file name there, else the name of a config the
     elmoformanylangs package ships (returned as the name, a key of ``BUNDLED_CONFIGS``)."""
+    check_path_name(config_path, f"{model_dir / CONFIG_NAME}: config_path")
     name = os.path.basename(config_path)
     for candidate in (model_dir / config_path, model_dir / name):
         if candidate.is_file():
