@@ -208,6 +208,12 @@ MUTATIONS = [
         "    return want is None or _sha256(target) == want\n",
         (NO_RECORD,)),
     Mutation(
+        "digest-of-the-first-mib", "src/torchelmo/io/download.py",
+        "a file's digest covers only its first MiB: a cached file changed past it is used as if intact",
+        "        for chunk in iter(lambda: f.read(1 << 20), b\"\"):\n            h.update(chunk)\n",
+        "        h.update(f.read(1 << 20))\n",
+        ("tests/test_downloads.py::test_a_change_past_the_first_mib_of_a_cached_file_is_caught",)),
+    Mutation(
         "pin-ignored-on-use", "src/torchelmo/io/download.py",
         "a cache entry is trusted by its record even where a digest is pinned",
         "    want = sha256 or (digest_file",

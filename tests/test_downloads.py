@@ -97,6 +97,33 @@ def test_cache_entries_are_checked_on_use(tmp_path, server):
     assert _cache_files(tmp_path / "c2") == []
 
 
+def test_a_change_past_the_first_mib_of_a_cached_file_is_caught(tmp_path, server):
+    # The checks cover the whole file: a digest of a prefix would pass every fixture under 1 MiB.
+    import hashlib
+
+    import h5py
+    import numpy as np
+
+    from torchelmo.io.download import cached_path
+    base, routes = server
+    src = tmp_path / "big.hdf5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(800_000, dtype=np.float32)             # 3.2 MB
+    body = src.read_bytes()
+    assert len(body) > 3 * 2**20
+    routes["/big.hdf5"] = (200, {}, body)
+    cache = tmp_path / "cache"
+    path = cached_path(f"{base}/big.hdf5", cache=cache, progress=False, kind="hdf5")
+    data = bytearray(path.read_bytes())
+    data[-4096] ^= 0xFF                                            # one byte, past 3 MiB, same size
+    path.write_bytes(bytes(data))
+    with pytest.raises(ElmoError, match="fails its checks and offline mode is on"):
+        cached_path(f"{base}/big.hdf5", cache=cache, progress=False, offline=True, kind="hdf5")
+    pinned = hashlib.sha256(bytes(data)).hexdigest()               # the digest of the tampered copy
+    with pytest.raises(ElmoError, match="checksum mismatch"):
+        cached_path(f"{base}/big.hdf5", sha256=pinned, cache=tmp_path / "c2", progress=False, kind="hdf5")
+
+
 @pytest.mark.parametrize("location", ["file:///etc/passwd", "ftp://127.0.0.1/w.hdf5"])
 def test_redirects_to_other_schemes_are_refused(tmp_path, server, location):
     from torchelmo.io.download import cached_path
