@@ -383,3 +383,21 @@ def test_the_size_limit_is_exact(tmp_path, sized_server):
     path = cached_path(f"{sized_server}/{limit}", cache=cache, progress=False, max_bytes=limit)
     assert path.stat().st_size == limit
 
+
+
+def test_an_hdf5_bomb_is_refused_before_any_read(tmp_path, server):
+    # A small file declaring a huge gzip-chunked dataset that was never written: its fill value
+    # would unfold into memory on reading. Refused from the declarations, in one line, and not cached.
+    import h5py
+
+    from torchelmo.io.download import cached_path
+    base, routes = server
+    src = tmp_path / "bomb.hdf5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("w", shape=(100_000, 100_000), dtype="float32", chunks=(1000, 1000), compression="gzip")
+    routes["/bomb.hdf5"] = (200, {}, src.read_bytes())
+    assert src.stat().st_size < 2**20
+    with pytest.raises(ElmoError, match=r"declares 40,000,000,000 bytes of data in a file of .*refused") as e:
+        cached_path(f"{base}/bomb.hdf5", cache=tmp_path / "cache", progress=False, kind="hdf5")
+    assert "\n" not in str(e.value)
+    assert [n for n in _cache_files(tmp_path / "cache") if n.endswith(".hdf5")] == []

@@ -125,23 +125,35 @@ def check_markup(path: Path, source: str) -> None:
 def check_content(path: Path, source: str, kind: str | None = None) -> None:
     """The content check of ``kind`` (``"hdf5"``: opens, every dataset reads; ``"json"``: parses).
     Without one: the URL's suffix, else the HDF5 signature, decides; a file of no known kind
-    passes."""
+    passes. An HDF5 file's datasets are sized from their declarations before any is read: more
+    than twice the file's bytes (plus 1 MiB) means compressed or unwritten data that would unfold
+    in memory (weights are stored as they are), and is refused."""
     if kind is not None and kind not in KINDS:
         raise ElmoError(f"cached_path: kind must be one of {', '.join(KINDS)} or None, got {kind!r}")
     kind = kind or _suffix_kind(source) or ("hdf5" if _head(path, 8) == HDF5_SIGNATURE else None)
     if kind == "hdf5":
         import h5py
 
-        def read(name, obj) -> None:
-            if isinstance(obj, h5py.Dataset):
-                obj[()]
+        datasets: list = []
 
+        def collect(name, obj) -> None:
+            if isinstance(obj, h5py.Dataset):
+                datasets.append(obj)
+
+        declared, allowed = 0, 2 * path.stat().st_size + 2**20
         try:
             with h5py.File(path, "r") as f:
-                f.visititems(read)
+                f.visititems(collect)
+                declared = sum(int(d.size) * d.dtype.itemsize for d in datasets)
+                if declared <= allowed:
+                    for d in datasets:
+                        d[()]
         except (OSError, RuntimeError, ValueError) as e:
             raise ElmoError(f"{source}: the download is not a complete HDF5 file "
                             f"({' '.join(str(e).split())[:120]})") from None
+        if declared > allowed:
+            raise ElmoError(f"{source}: the download declares {declared:,} bytes of data in a file of "
+                            f"{path.stat().st_size:,} (compressed or unwritten datasets); refused before reading them")
     elif kind == "json":
         try:
             json.loads(path.read_text(encoding="utf-8"))
