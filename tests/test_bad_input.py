@@ -279,3 +279,71 @@ def test_an_empty_input_file_is_said_to_be_empty(tmp_path, capsys):
     assert cli_main(["embed", str(tmp_path / "empty.txt"), str(tmp_path / "o.h5"), "--top"]) == 0
     err = capsys.readouterr().err
     assert "empty.txt: no lines to embed" in err and "holds no sentences" in err
+
+
+@pytest.mark.core
+def test_the_memory_check_counts_every_limit_the_kernel_enforces(tmp_path, monkeypatch):
+    # The least of the machine's available memory, the cgroup's room and the resource limits,
+    # named in the refusal; the cgroup read from v2's and v1's files.
+    from torchelmo import runtime
+    (tmp_path / "cg").write_text("0::/job\n")
+    (tmp_path / "sys" / "job").mkdir(parents=True)
+    (tmp_path / "sys" / "job" / "memory.max").write_text("2147483648\n")
+    (tmp_path / "sys" / "job" / "memory.current").write_text("536870912\n")
+    assert runtime._cgroup_room(str(tmp_path / "cg"), str(tmp_path / "sys")) == 1536 * 2**20
+    (tmp_path / "sys" / "job" / "memory.max").write_text("max\n")
+    assert runtime._cgroup_room(str(tmp_path / "cg"), str(tmp_path / "sys")) is None
+    (tmp_path / "cg1").write_text("12:cpu,cpuacct:/x\n4:memory:/job1\n")
+    (tmp_path / "sys" / "memory" / "job1").mkdir(parents=True)
+    (tmp_path / "sys" / "memory" / "job1" / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+    (tmp_path / "sys" / "memory" / "job1" / "memory.usage_in_bytes").write_text(str(2**30))
+    assert runtime._cgroup_room(str(tmp_path / "cg1"), str(tmp_path / "sys")) == 2 * 2**30
+    monkeypatch.setattr(runtime, "available_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr(runtime, "_cgroup_room", lambda: 2 * 2**30)
+    monkeypatch.setattr(runtime, "_rlimit_room", lambda which, field: 3 * 2**30 if which == "RLIMIT_AS" else None)
+    assert runtime.memory_room() == (2 * 2**30, "left under this process's memory cgroup limit")
+    with pytest.raises(ElmoError, match=r"needs 2.5 GiB for its parameters, more than the 2.0 GiB left under "
+                                        r"this process's memory cgroup limit"):
+        runtime.check_allocation(int(2.5 * 2**30), "a model")
+
+
+@pytest.mark.core
+def test_a_model_over_the_address_space_limit_is_refused_before_allocating(tmp_path):
+    # A real limit (ulimit -v) set 1 GiB above what the process maps: a 4.8 GB model is refused in
+    # one line naming the limit, where it used to die in the allocator with a 42-line traceback.
+    import sys
+    script = (
+        "import resource, sys\n"
+        "import torch\n"
+        "from torchelmo import BiLM, ElmoConfig, ElmoError, preset\n"
+        "used = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + 2**30, resource.RLIM_INFINITY))\n"
+        "import dataclasses\n"
+        "cfg = dataclasses.replace(preset('tiny'), lstm_dim=16384, projection_dim=2048)\n"
+        "try:\n"
+        "    BiLM(cfg)\n"
+        "except ElmoError as e:\n"
+        "    print(e); sys.exit(3)\n")
+    from helpers import ENV
+    run = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, run.stderr[-2000:]
+    assert "left under the address-space limit (ulimit -v)" in run.stdout and run.stdout.count("\n") == 1
+
+
+@pytest.mark.core
+def test_a_language_model_counts_its_softmax_before_allocating(monkeypatch):
+    # 1M words by a 4096-wide projection: 16 GB of softmax rows, refused before any is made.
+    import dataclasses
+
+    from torchelmo import preset, runtime
+    from torchelmo.lm.model import LanguageModel
+    from torchelmo.lm.vocab import SPECIAL_TOKENS, Vocabulary
+    vocab = Vocabulary([*SPECIAL_TOKENS, *(f"w{i}" for i in range(1_000_000))])
+    monkeypatch.setattr(runtime, "memory_room", lambda: (6 * 2**30, "left under the address-space limit (ulimit -v)"))
+    cfg = dataclasses.replace(preset("tiny"), projection_dim=4096)
+    made = []
+    monkeypatch.setattr(torch.nn.Embedding, "__init__", lambda *a, **k: made.append(1))
+    with pytest.raises(ElmoError, match=r"a language model over 1,000,003 words .* GiB left under the "
+                                        r"address-space limit"):
+        LanguageModel(cfg, vocab, softmax="full")
+    assert made == []

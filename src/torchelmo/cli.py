@@ -83,6 +83,16 @@ def _run(argv: list[str] | None) -> int:
         said = command.split(" ", 1)[-1] + ": "     # the library names its API ("export: ..."): once is enough
         print(f"{command}: error: {message[len(said):] if message.startswith(said) else message}", file=sys.stderr)
         return 1
+    except MemoryError:
+        print(f"{command}: error: out of memory (an allocation failed: the machine's memory or this "
+              "process's limit is spent); nothing more was written", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        if "can't allocate memory" not in str(e) and "not enough memory" not in str(e):
+            raise
+        print(f"{command}: error: out of memory ({' '.join(str(e).split())[:160]}); nothing more was written",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         if signals.work_done():   # the result was complete when the signal came: it stands
             return 0

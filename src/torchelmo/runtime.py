@@ -179,14 +179,85 @@ def available_memory() -> int | None:
     return None
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read(64).strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup allows beyond what it uses (v2 ``memory.max`` minus
+    ``memory.current``, or v1's limit minus usage), or None where no limit is set."""
+    try:
+        with open(proc, encoding="ascii", errors="replace") as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":                 # cgroup v2
+            base = root + path.rstrip("/")
+            limit, used = _read_int(base + "/memory.max"), _read_int(base + "/memory.current")
+        elif "memory" in controllers.split(","):                   # cgroup v1
+            base = root + "/memory" + path.rstrip("/")
+            limit = _read_int(base + "/memory.limit_in_bytes")
+            used = _read_int(base + "/memory.usage_in_bytes")
+            if limit is not None and limit >= 1 << 60:             # v1 says "no limit" with a huge number
+                limit = None
+        else:
+            continue
+        if limit is not None:
+            return max(0, limit - (used or 0))
+    return None
+
+
+def _rlimit_room(which: str, status_field: str) -> int | None:
+    """Bytes a resource limit (``RLIMIT_AS``, ``RLIMIT_DATA``) leaves this process beyond what it
+    maps now (``/proc/self/status``'s VmSize, VmData), or None where unlimited."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(getattr(resource, which))
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    used = 0
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(status_field + ":"):
+                    used = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(0, soft - used)
+
+
+def memory_room() -> tuple[int, str] | None:
+    """The least memory this process may still take, and which limit sets it: the machine's
+    available memory, the memory cgroup's limit (as containers and systemd set it, which the
+    kernel enforces by killing the process), or the address-space and data-size limits
+    (``ulimit -v``, ``ulimit -d``, which make an allocation fail). None where none is known."""
+    rooms = [(available_memory(), "of memory available on this machine"),
+             (_cgroup_room(), "left under this process's memory cgroup limit"),
+             (_rlimit_room("RLIMIT_AS", "VmSize"), "left under the address-space limit (ulimit -v)"),
+             (_rlimit_room("RLIMIT_DATA", "VmData"), "left under the data-size limit (ulimit -d)")]
+    known = [(room, what) for room, what in rooms if room is not None]
+    return min(known) if known else None
+
+
 def check_allocation(nbytes: int, what: str) -> None:
-    """A one-line error, before anything is allocated, when ``nbytes`` is more than the machine's
-    available memory (a mistyped size in a config would otherwise allocate until the system kills
-    the process)."""
-    free = available_memory()
-    if free is not None and nbytes > free:
+    """A one-line error, before anything is allocated, when ``nbytes`` is more than this process
+    may take (:func:`memory_room`: the least of the machine's available memory, its cgroup's
+    limit and its resource limits): a mistyped size in a config would otherwise allocate until
+    the allocation fails with a traceback, or the kernel kills the process without a word."""
+    room = memory_room()
+    if room is not None and nbytes > room[0]:
         raise ElmoError(f"{what} needs {nbytes / 2**30:.1f} GiB for its parameters, more than the "
-                        f"{free / 2**30:.1f} GiB of memory available")
+                        f"{room[0] / 2**30:.1f} GiB {room[1]}")
 
 
 # glibc's mallopt parameters. Above the mmap threshold (32 MB at most) a block is a fresh mapping

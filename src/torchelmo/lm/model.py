@@ -31,11 +31,13 @@ from ..model.bilm import BiLM, Regularisation, State, sequence_dropout
 from ..model.config import ElmoConfig
 from ..model.registry import check_model_name, is_published
 from ..model.weights import CONFIG_NAME, EXTRA_CONFIG_NAME, VOCAB_NAME, load_native, require_native_weights, save_native
+from ..runtime import check_allocation
 from .corpus import Corpus
 from .data import Batch, SentenceBatcher, StreamBatcher, sentences_batch
 from .softmax import (
     AdaptiveSoftmax,
     FullSoftmax,
+    count_parameters,
     make_softmax,
     softmax_config,
     softmax_from_config,
@@ -78,6 +80,9 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         self.vocab = vocab
+        if softmax_module is None:   # the softmax's rows too, before either is allocated
+            n = config.num_parameters() + count_parameters(softmax, len(vocab), config.projection_dim, cutoffs)
+            check_allocation(4 * n, f"a language model over {len(vocab):,} words ({n:,} parameters)")
         self.bilm = BiLM(config, regularisation=regularisation)
         self.softmax = softmax_module if softmax_module is not None else make_softmax(
             softmax, len(vocab), config.projection_dim, num_samples, cutoffs)

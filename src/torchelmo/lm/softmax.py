@@ -152,6 +152,21 @@ def default_cutoffs(vocab_size: int) -> list[int]:
     return cuts or [max(1, vocab_size // 2)]
 
 
+def count_parameters(kind: str, vocab_size: int, dim: int, cutoffs: list[int] | None = None,
+                     div_value: float = 4.0) -> int:
+    """The parameters :func:`make_softmax` would allocate (to check memory before it does)."""
+    if kind == "auto":
+        kind = default_softmax(vocab_size)
+    if kind != "adaptive":
+        return (dim + 1) * vocab_size
+    bounds = [*(cutoffs or default_cutoffs(vocab_size)), vocab_size]
+    n = (dim + 1) * (bounds[0] + len(bounds) - 1)                          # the head, with its bias
+    for i in range(len(bounds) - 1):                                        # each tail: down, then out
+        hidden = max(1, int(dim // (div_value ** (i + 1))))
+        n += dim * hidden + hidden * (bounds[i + 1] - bounds[i])
+    return n
+
+
 def make_softmax(kind: str, vocab_size: int, dim: int, num_samples: int = 8192,
                  cutoffs: list[int] | None = None) -> nn.Module:
     if kind == "auto":

@@ -23,7 +23,7 @@ from ..lm.data import SentenceBatcher, StreamBatcher
 from ..lm.model import LanguageModel
 from ..lm.softmax import AdaptiveSoftmax, softmax_kind
 from ..lm.vocab import Vocabulary
-from ..runtime import keep_heap, resolve_device, set_threads, write
+from ..runtime import check_allocation, keep_heap, resolve_device, set_threads, write
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .distributed import DistEnv, seed_rngs, setup_distributed
@@ -141,6 +141,10 @@ class Trainer:
         self.lm.bilm.long_run = True             # its validations too may compile (backend auto)
 
     def _setup_optimizer(self) -> None:
+        # Gradients and the optimizer's state (Adam keeps two slots per weight, Adagrad one), before
+        # either is allocated: the kernel would end a run over its limit without a word.
+        slots = 3 if self.cfg.optimizer == "adam" else 2
+        check_allocation(4 * slots * self.lm.num_parameters(), "training's gradients and optimizer state")
         self.optimizer = make_optimizer(self.cfg, self.lm.parameters())
 
     def _setup_restore(self) -> None:
