@@ -234,7 +234,11 @@ def test_cli_tag_end_to_end(allennlp_dir, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "## Tags `tag` (accuracy, %)" in report and (out / "tag_layers.png").is_file()
     # --dev and --name: another key beside the first.
-    assert main(args[:6] + ["--dev", str(test), "--name", "toy"] + args[6:]) == 0
+    capsys.readouterr()
+    assert main(args[:6] + ["--dev", str(test), "--name", "toy"] + args[6:-1]) == 0     # not quiet
+    said = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("tag:toy: E1 test acc") for line in said) and not any(
+        line.startswith("pos:") for line in said), said
     res = json.loads((out / "results.json").read_text())
     assert {"tag", "tag:toy"} <= set(res) and res["tag:toy"]["data"]["dev"] == str(test)
     assert "## Tags `tag:toy`" in (out / "report.md").read_text()

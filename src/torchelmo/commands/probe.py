@@ -205,7 +205,8 @@ def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
             print(f"{task}: {name} model")
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"{task}-{split}", max_tokens=args.max_tokens,
                          progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
-        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log)
+        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log,
+                            label=f"tag:{args.name}" if task == "tag" and getattr(args, "name", None) else task)
     return summarize_pos(out["trained"], out.get("control_random"))
 
 

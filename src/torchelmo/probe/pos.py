@@ -110,19 +110,21 @@ def encode_tags(tags_train: list[list[str]], *others: list[list[str]]) -> tuple[
 
 def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, list, list],
             cfg: ProbeConfig | None = None, layers: list[int] | None = None, mix: bool = True,
-            log: Callable[[str], None] = print, units: dict[str, np.ndarray] | None = None) -> dict:
-    """Per-layer linear probes and the mix probe; ``tags`` = (train, dev, test) tag lists per sentence.
+            log: Callable[[str], None] = print, units: dict[str, np.ndarray] | None = None,
+            label: str = "pos") -> dict:
+    """Per-layer linear probes and the mix probe; ``tags`` = (train, dev, test) tag lists per sentence;
+    ``label`` begins each line it logs and each error (``elmo probe tag``: the tag set's name).
 
     ``units``, if given, receives each probe's per-test-sentence ``(correct, tokens)`` counts
     (``(S, 2)``, keyed ``E0``.. and ``mix``), to pair it with another run on the same test set."""
     cfg = cfg or ProbeConfig()
     for name, f, t in (("train", train, tags[0]), ("dev", dev, tags[1]), ("test", test, tags[2])):
         if f.offsets is None or f.n != sum(len(s) for s in t):
-            raise ElmoError(f"pos: {name} features ({f.n} rows) do not match its tags "
+            raise ElmoError(f"{label}: {name} features ({f.n} rows) do not match its tags "
                             f"({sum(len(s) for s in t)} tokens)")
     labels, (y_tr, y_dev, y_te) = encode_tags(*tags)
     if len(labels) < 2:
-        raise ElmoError(f"pos: the training set has {len(labels)} distinct tag(s); need at least 2")
+        raise ElmoError(f"{label}: the training set has {len(labels)} distinct tag(s); need at least 2")
     L, F = train.num_layers, train.dim
     layers = list(range(L)) if layers is None else layers
     names = layer_names(L)
@@ -140,7 +142,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
 
     majority = int(np.bincount(y_tr).argmax())
     res["majority"] = {"tag": labels[majority], **score(np.full_like(y_te, majority))}
-    log(f"pos: majority-class baseline ({labels[majority]}) test acc {res['majority']['acc']:.4f}")
+    log(f"{label}: majority-class baseline ({labels[majority]}) test acc {res['majority']['acc']:.4f}")
 
     for k in layers:
         torch.manual_seed(cfg.seed)
@@ -148,13 +150,13 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr, x_dev, y_dev, cfg)
         r = {**score(predict(model, x_te), names[k]), **info}
         res["layers"][names[k]] = r
-        log(f"pos: {names[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
+        log(f"{label}: {names[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
             f"(dev {info['dev_acc']:.4f}, epoch {info['best_epoch']})")
     if "E1" in unit_counts and "E2" in unit_counts:
         d, lo, hi = paired_diff_ci(unit_counts["E1"], unit_counts["E2"], accuracy_from_counts, cfg.n_boot,
                                    seed=cfg.seed)
         res["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
-        log(f"pos: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
+        log(f"{label}: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
     if mix:
         torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
@@ -164,6 +166,6 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         r = {**score(predict(model, x_te, token_axis=1), "mix"), **info,
              "weights": model.mix.weights(), "gamma": model.mix.gamma_value()}
         res["mix"] = r
-        log(f"pos: mix test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
+        log(f"{label}: mix test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
             f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}")
     return res
