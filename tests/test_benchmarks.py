@@ -32,6 +32,7 @@ QUICK = {
     # The GPU scripts on the CPU: the same code paths, without the Triton kernels.
     "gpu.py": ["--quick", "--device", "cpu", "--out", "{json}"],
     "precision.py": ["--device", "cpu", "--sentences", "4", "--out", "{json}"],
+    "threads_shared.py": ["--load", "0", "--rounds", "1", "--sentences", "20", "--out", "{json}"],
 }
 NOT_HERE = {
     "kernels.py": "tests/test_fused_compile.py runs it (compiling every kernel, checked)",

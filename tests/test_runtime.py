@@ -3,8 +3,10 @@
 import argparse
 import io
 import logging
+import os
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -303,3 +305,47 @@ def test_heap_policies_decide_which_blocks_are_fresh_mappings(policy, mapped):
     out = subprocess.run([sys.executable, "-c", HEAP_PROBE, policy], capture_output=True, text=True, check=True)
     got = {int(mb): flag == "True" for mb, flag in (line.split() for line in out.stdout.splitlines())}
     assert got == mapped
+
+
+@pytest.mark.core
+def test_default_threads_follow_affinity_and_the_cgroup_quota(tmp_path, monkeypatch):
+    from torchelmo import runtime
+    (tmp_path / "cg").write_text("0::/job\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "cpu.max").write_text("150000 100000\n")
+    assert runtime.cpu_quota(str(tmp_path), str(tmp_path / "cg")) == 1.5
+    (tmp_path / "job" / "cpu.max").write_text("max 100000\n")
+    assert runtime.cpu_quota(str(tmp_path), str(tmp_path / "cg")) is None
+    (tmp_path / "cg1").write_text("3:cpu,cpuacct:/j\n")
+    (tmp_path / "cpu,cpuacct" / "j").mkdir(parents=True)
+    (tmp_path / "cpu,cpuacct" / "j" / "cpu.cfs_quota_us").write_text("200000\n")
+    (tmp_path / "cpu,cpuacct" / "j" / "cpu.cfs_period_us").write_text("100000\n")
+    assert runtime.cpu_quota(str(tmp_path), str(tmp_path / "cg1")) == 2.0
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)
+        monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+        monkeypatch.setattr(runtime, "cpu_quota", lambda: None)
+        assert runtime.default_threads() == 4                  # the CPUs this process may run on
+        monkeypatch.setattr(runtime, "cpu_quota", lambda: 1.5)
+        assert runtime.default_threads() == 1                  # a container's quota of 1.5 CPUs
+        runtime.set_threads(None)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.mark.core
+def test_the_command_line_lets_idle_threads_sleep(tmp_path):
+    # OMP_WAIT_POLICY=PASSIVE unless the user set it: spinning threads cost several times the run
+    # on cores that other jobs share (benchmarks/threads_shared.py measures it).
+    import subprocess
+    code = ("import os, sys\nfrom torchelmo.cli import main\n"
+            "main(['info', '--list'])\nprint(os.environ['OMP_WAIT_POLICY'], file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.stderr.strip().splitlines()[-1] == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.stderr.strip().splitlines()[-1] == "ACTIVE"

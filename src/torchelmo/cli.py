@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Idle OpenMP threads sleep rather than spin: on a machine whose cores other jobs share, the
+    # spinning of threads waiting for a busy core made elmo embed several times slower. Read when
+    # torch starts its thread pool, so set before the commands import it (the user's setting wins).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         try:
             return _run(argv)

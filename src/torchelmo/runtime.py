@@ -28,7 +28,8 @@ import torch
 from .errors import ElmoError
 
 DEVICE_HELP = "auto (default: CUDA when available, else cpu), cpu, cuda or cuda:N"
-THREADS_HELP = "CPU threads for torch (default: torch's choice)"
+THREADS_HELP = ("CPU threads for torch (default: the CPUs this process may use: its affinity, capped by "
+                "its cgroup's CPU quota)")
 
 
 def resolve_device(spec: str | None = "auto", option: str = "--device",
@@ -75,9 +76,52 @@ def resolve_cuda_device(value: int | str | torch.device, option: str) -> torch.d
     return resolve_device(str(value), option)
 
 
+def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs this process's cgroup lets it use (v2 ``cpu.max``: quota / period; v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None where no quota is set. A container
+    limited to one CPU on a 16-core host looks like 16 cores to torch."""
+    try:
+        with open(proc, encoding="ascii", errors="replace") as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        try:
+            if hierarchy == "0" and controllers == "":
+                with open(root + path.rstrip("/") + "/cpu.max", encoding="ascii") as f:
+                    quota, period = f.read(64).split()[:2]
+                if quota != "max":
+                    return int(quota) / int(period)
+            elif "cpu" in controllers.split(","):
+                base = root + "/" + controllers + path.rstrip("/")
+                quota = int(open(base + "/cpu.cfs_quota_us", encoding="ascii").read(64))
+                period = int(open(base + "/cpu.cfs_period_us", encoding="ascii").read(64))
+                if quota > 0:
+                    return quota / period
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def default_threads() -> int:
+    """The threads torch gets unless told: the CPUs this process may run on (its affinity),
+    capped by its cgroup's CPU quota, and never more than torch's own default (the physical
+    cores)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, int(quota)))
+    return max(1, min(n, torch.get_num_threads()))
+
+
 def set_threads(n: int | None, option: str = "--threads") -> None:
-    """``torch.set_num_threads(n)``; None leaves torch's choice."""
+    """``torch.set_num_threads(n)``; None: :func:`default_threads`."""
     if n is None:
+        n = default_threads()
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
         return
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ElmoError(f"{option} must be a positive integer, got {n!r}")
