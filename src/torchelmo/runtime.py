@@ -76,18 +76,27 @@ def resolve_cuda_device(value: int | str | torch.device, option: str) -> torch.d
     return resolve_device(str(value), option)
 
 
-def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
-    """The CPUs this process's cgroup lets it use (v2 ``cpu.max``: quota / period; v1
-    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None where no quota is set. A container
-    limited to one CPU on a 16-core host looks like 16 cores to torch."""
+def _cgroups(proc: str) -> list[tuple[str, str, str]]:
+    """``(hierarchy, controllers, path)`` of each line of ``/proc/self/cgroup`` (v2: ``("0", "",
+    path)``), or none where it cannot be read."""
     try:
         with open(proc, encoding="ascii", errors="replace") as f:
             lines = f.read(65536).splitlines()
     except OSError:
-        return None
+        return []
+    out = []
     for line in lines:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
+        out.append((hierarchy, controllers, path))
+    return out
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs this process's cgroup lets it use (v2 ``cpu.max``: quota / period; v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None where no quota is set. A container
+    limited to one CPU on a 16-core host looks like 16 cores to torch."""
+    for hierarchy, controllers, path in _cgroups(proc):
         try:
             if hierarchy == "0" and controllers == "":
                 with open(root + path.rstrip("/") + "/cpu.max", encoding="ascii") as f:
@@ -235,14 +244,7 @@ def _read_int(path: str) -> int | None:
 def _cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
     """Bytes this process's memory cgroup allows beyond what it uses (v2 ``memory.max`` minus
     ``memory.current``, or v1's limit minus usage), or None where no limit is set."""
-    try:
-        with open(proc, encoding="ascii", errors="replace") as f:
-            lines = f.read(65536).splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+    for hierarchy, controllers, path in _cgroups(proc):
         if hierarchy == "0" and controllers == "":                 # cgroup v2
             base = root + path.rstrip("/")
             limit, used = _read_int(base + "/memory.max"), _read_int(base + "/memory.current")
