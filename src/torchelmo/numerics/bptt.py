@@ -49,11 +49,6 @@ def _clip_into(dst: torch.Tensor, x: torch.Tensor, v: float | None) -> None:
         torch.clamp(x, -v, v, out=dst)
 
 
-def _passes(x: torch.Tensor, v: float | None) -> torch.Tensor | float:
-    """Where a clip lets the gradient through (``clamp``'s rule: inside or on the bound)."""
-    return 1.0 if v is None else (x.abs() <= v).to(x.dtype)
-
-
 def _zero_padding(buf: torch.Tensor, runs: list[int]) -> torch.Tensor:
     """Zero a time-major ``(2, T, B, .)`` buffer where no row runs: rows n_t.. at step t, and the
     steps after the last run."""
@@ -145,7 +140,7 @@ class Recurrence(torch.autograd.Function):
         dhp = _zero_padding(out.new_empty(out.shape), ctx.runs)      # gradient of the projection
         for t in reversed(range(len(ctx.runs))):
             n = ctx.runs[t]
-            dhp[:, t, :n] = (dh[:, :n] + d_o[:, t, :n]) * _passes(h_pre[t], proj_clip)
+            dhp[:, t, :n] = (dh[:, :n] + d_o[:, t, :n]) * cell.passes(h_pre[t], proj_clip)
             dq = mm(dhp[:, t, :n], w_pT)                                           # (2, n, D)
             cp = c_pre[t]
             if ctx.compiled is not None:

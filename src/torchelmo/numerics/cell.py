@@ -19,8 +19,6 @@ The activations are torch's, or (``rational=True``) a rational approximation to 
 the time of an exp; eager it is slower than torch's, so only the compiled loops ask for it.
 """
 
-
-
 import torch
 
 # The order of a product's four blocks: the model's, and the exported graph's (the three
@@ -87,6 +85,11 @@ def clip(x: torch.Tensor, v: float | None) -> torch.Tensor:
     return x if v is None else x.clamp(-v, v)
 
 
+def passes(x: torch.Tensor, v: float | None) -> torch.Tensor | float:
+    """Where :func:`clip` lets the gradient through (``clamp``'s rule: inside or on the bound)."""
+    return 1.0 if v is None else (x.abs() <= v).to(x.dtype)
+
+
 def forward(z: torch.Tensor, c: torch.Tensor, cell_clip: float | None, rational: bool = False,
             order: str = "ijfo"
             ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor,
@@ -139,8 +142,8 @@ def backward(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tensor, c_prev:
     gi, gj, gf, go = gates.chunk(4, dim=-1)
     tc = tanh(clip(c_pre, cell_clip), rational)
     dcp = tanh_grad(dq * go, tc) + dc
-    if cell_clip is not None:   # clamp's rule: the gradient passes inside and on the bound
-        dcp = dcp * (c_pre.abs() <= cell_clip).to(dcp.dtype)
+    if cell_clip is not None:
+        dcp = dcp * passes(c_pre, cell_clip)
     dz = torch.cat([sigmoid_grad(dcp * gj, gi), tanh_grad(dcp * gi, gj), sigmoid_grad(dcp * c_prev, gf),
                     sigmoid_grad(dq * tc, go)], dim=-1)
     return dz, dcp * gf
@@ -176,7 +179,7 @@ def backward_(dq: torch.Tensor, gates: torch.Tensor, c_pre: torch.Tensor, c_prev
     tc = torch.tanh(clip(c_pre, cell_clip))
     dcp = tanh_grad(dq * go, tc).add_(dc)
     if cell_clip is not None:
-        dcp.mul_((c_pre.abs() <= cell_clip).to(dcp.dtype))
+        dcp.mul_(passes(c_pre, cell_clip))
     di, dj, df, do = dz.chunk(4, dim=-1)
     torch.ops.aten.sigmoid_backward.grad_input(dcp * gj, gi, grad_input=di)
     torch.ops.aten.tanh_backward.grad_input(dcp * gi, gj, grad_input=dj)
