@@ -16,7 +16,7 @@ import torch
 
 from torchelmo import ElmoConfig, ElmoError
 from torchelmo.integrations.manylangs import Embedder, ManyLangsBiLM
-from torchelmo.integrations.manylangs.files import BUNDLED_CONFIGS
+from torchelmo.model.manylangs.files import BUNDLED_CONFIGS
 
 elmoformanylangs = pytest.importorskip("elmoformanylangs", reason="ELMoForManyLangs (pip install elmoformanylangs) "
                                                                   "gives the reference outputs")
@@ -275,7 +275,7 @@ def test_bad_calls(models):
             e.sents2elmo(bad)
     assert e.sents2elmo([]) == []
     with pytest.raises(ElmoError, match="ELMoForManyLangs"):
-        e.model.save_pretrained("out")
+        e.model.export_published("out")
 
 
 def test_bundled_configs_are_the_packages():
@@ -325,3 +325,90 @@ def test_pickle_payloads_are_named_as_refused(models, tmp_path, how):
             pickle.dump(state, f, protocol=int(how[-1]))
     msg = _refused(d, "encoder.pkl", "refused", "nothing in it was run")
     assert "damaged" not in msg and not marker.exists()
+
+
+# -- the same folder wherever a model is named ---------------------------------------------------
+def first_call(model_dir: Path, sents=SENTS) -> list[np.ndarray]:
+    """Their Embedder's first call with every sentence in one batch: the zero state, as a
+    stateless model runs each batch: ``(L, n, 2P)`` per sentence."""
+    return theirs(model_dir, batch_size=len(sents)).sents2elmo(sents, output_layer=-2)
+
+
+@pytest.mark.parametrize("kind", ["words", "chars"])
+def test_from_pretrained_and_elmo_take_the_folder(models, kind):
+    from torchelmo import BiLM, Elmo
+    from torchelmo.embed.engine import embed_sentences
+    want = first_call(models[kind])
+    bilm = BiLM.from_pretrained(models[kind])
+    assert isinstance(bilm, ManyLangsBiLM) and not bilm.stateful   # stateless, as every from_pretrained
+    with torch.no_grad():
+        out = bilm.embed_sentences(SENTS)
+    assert out.mask.tolist() == [[j < len(s) for j in range(7)] for s in SENTS]
+    got = [torch.stack(out.layers)[:, i, :len(s)].numpy() for i, s in enumerate(SENTS)]
+    assert_same(want, got)
+    # The embedding engine's batching (sorted, split) gives the same: no state between batches.
+    assert_same(want, embed_sentences(bilm, SENTS, "all", batch_size=3))
+    # Elmo: token lists in; a fresh mix is the mean of the layers.
+    elmo = Elmo.from_pretrained(models[kind], num_output_representations=1, dropout=0.0)
+    with torch.no_grad():
+        res = elmo(SENTS)
+    for i, s in enumerate(SENTS):
+        np.testing.assert_allclose(res["elmo_representations"][0][i, :len(s)].numpy(), want[i].mean(0),
+                                   rtol=0, atol=1e-5)
+        assert not res["elmo_representations"][0][i, len(s):].any()
+    with pytest.raises(ElmoError, match="give lists of tokens"):
+        elmo(torch.zeros(1, 2, 50, dtype=torch.long))
+
+
+def test_elmo_commands_take_the_folder(models, tmp_path, capsys):
+    import h5py
+
+    from torchelmo.cli import main
+    sents = [s for s in SENTS if "\u3000" not in "".join(s)]   # a line splits at U+3000 too
+    want = first_call(models["words"], sents)
+    text = tmp_path / "in.txt"
+    text.write_text("".join(" ".join(s) + "\n" for s in sents), encoding="utf-8")
+    assert main(["embed", str(text), str(tmp_path / "out.h5"), "--all", "--model", str(models["words"]), "-q"]) == 0
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert_same(want, [f[str(i)][()] for i in range(len(sents))])
+    capsys.readouterr()
+    assert main(["info", str(models["words"])]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["layout"] == "ELMoForManyLangs" and info["output_dim"] == 2 * P
+    # Export's graph takes batch_to_ids' ids, not this model's: one line saying so.
+    assert main(["export", str(models["words"]), str(tmp_path / "m.pt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "own lexicons" in err[0]
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["words", "chars"])
+def test_save_pretrained_writes_a_folder_their_embedder_reads(models, kind, tmp_path):
+    want = first_call(models[kind])
+    ManyLangsBiLM.from_dir(models[kind]).save_pretrained(tmp_path / "copy")
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(
+        ["config.json", "cnn_small.json", "char.dic", "token_embedder.pkl", "encoder.pkl"]
+        + (["word.dic"] if kind == "words" else []))
+    assert_same(want, first_call(tmp_path / "copy"))
+    # Not a copy of the files: written from the model (their lexicons are read back the same).
+    for name in ("char.dic", "word.dic") if kind == "words" else ("char.dic",):
+        from torchelmo.model.manylangs import read_lexicon
+        assert read_lexicon(tmp_path / "copy" / name) == read_lexicon(models[kind] / name)
+
+
+def test_a_spacy_pipeline_carries_the_folder(models, tmp_path, monkeypatch):
+    spacy = pytest.importorskip("spacy", reason="the spacy extra (CI installs it through the test extra)")
+    import torchelmo.integrations.spacy  # noqa: F401  (registers the factory)
+    model = tmp_path / "work" / "zz.model"
+    shutil.copytree(models["words"], model)
+    monkeypatch.chdir(tmp_path / "work")
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": "zz.model", "device": "cpu"})
+    doc = nlp("the cat sat .")
+    np.testing.assert_allclose(doc._.elmo, first_call(model, [["the", "cat", "sat", "."]])[0].mean(0),
+                               rtol=0, atol=1e-5)
+    nlp.to_disk(tmp_path / "pipe")
+    shutil.rmtree(model)                     # the pipeline holds its own copy
+    monkeypatch.chdir(tmp_path)
+    loaded = spacy.load(tmp_path / "pipe")
+    np.testing.assert_allclose(loaded("the cat sat .")._.elmo, doc._.elmo, rtol=0, atol=1e-6)

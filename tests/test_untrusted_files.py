@@ -257,7 +257,7 @@ def test_a_checkpoint_holding_os_system_is_refused_by_name(tmp_path):
 _BOUNDED_READ = """
 import sys
 from torchelmo import BiLM, ElmoConfig, ElmoError
-from torchelmo.integrations.manylangs.files import _read_text
+from torchelmo.model.manylangs.files import _read_text
 from torchelmo.lm.vocab import Vocabulary
 from torchelmo.train import TrainConfig
 from torchelmo.io.fileio import read_json
@@ -319,9 +319,9 @@ def test_every_small_json_file_is_read_with_one_line_errors(tmp_path, capsys):
     # share one reader: missing, not UTF-8, not JSON or not an object is one line naming the file
     # (the LM description and the train config used to raise a bare UnicodeDecodeError).
     from torchelmo import ElmoConfig
-    from torchelmo.integrations.manylangs.files import _read_json as manylangs_config
     from torchelmo.io.fileio import read_json
     from torchelmo.lm.model import EXTRA_CONFIG_NAME, read_lm_meta
+    from torchelmo.model.manylangs.files import _read_json as manylangs_config
     from torchelmo.probe.report import load_results
 
     bad = {"latin1.json": b'{"name": "caf\xe9"}', "cut.json": b'{"lstm": ', "list.json": b"[1, 2]"}

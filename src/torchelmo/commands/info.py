@@ -5,7 +5,9 @@ models and their aliases)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from ..model import folders
 from ..model.bilm import BiLM
 from ..model.registry import ALIASES, REGISTRY
 from ..numerics.backend import support_line as backend_line
@@ -62,7 +64,9 @@ def run(args) -> int:
     n = _parameters(model)
     if str(args.model) == "default":
         print(default_model_line(n))
-    print(json.dumps({"model": str(args.model), "parameters": n, "output_dim": model.output_dim,
+    where = Path(args.model)
+    layout = {"layout": folders.describe(where)} if str(args.model) != "default" and where.is_dir() else {}
+    print(json.dumps({"model": str(args.model), **layout, "parameters": n, "output_dim": model.output_dim,
                       "layers": model.num_layers, "options": model.config.to_options(),
                       "machine": support_line(), "backend": backend_line()}, indent=2))
     return 0

@@ -20,7 +20,6 @@ import torch
 from ..errors import ElmoError
 from ..io.text import length_batches
 from ..model.bilm import BiLM
-from ..model.chars import batch_to_ids
 
 LAYER_MODES = ("all", "top", "average")
 POOL_MODES = (None, "mean")
@@ -123,8 +122,7 @@ def start_batch(model: BiLM, sentences: Sequence[Sequence[str]], layers: str,
                 pool: str | None) -> PendingBatch:
     """:func:`embed_batch` without waiting for the outputs."""
     check_modes(layers, pool)
-    ids = batch_to_ids(sentences)   # (B, T, 50) on the host: a GPU model copies only distinct tokens
-    out = model(ids)
+    out = model.embed_sentences(sentences)   # the model's own ids (host ids: see BiLM.forward)
     reps = [t.float() for t in out.layers]                      # mix and pool in float32
     if layers == "all":
         rep = torch.stack(reps, dim=1)                          # (B, L, T, 2P)

@@ -228,6 +228,10 @@ CHECK_SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"
 
 def exportable(bilm: BiLM) -> torch.jit.ScriptModule:
     """The biLM as a scripted module: ``char_ids (B, T, 50) -> (layers (L, B, T, 2P), mask (B, T))``."""
+    if not bilm.takes_char_ids:
+        raise ElmoError(f"export: a {type(bilm).__name__} reads tokens through its own lexicons and word "
+                        "embedding, which the exported graph (batch_to_ids char ids in) cannot take; embed "
+                        "with the model itself (elmo embed, or the Python API)")
     if bilm.stateful:
         raise ElmoError("export: a stateful biLM carries state between batches; the export "
                         "starts every sentence from the zero state (load the model without stateful=True)")

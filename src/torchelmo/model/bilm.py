@@ -30,7 +30,7 @@ from ..numerics.backend import resolve_backend
 from ..numerics.compute import ComputeSettings
 from ..numerics.lstm import BiLstmLayer
 from ..runtime import check_allocation, copy_to
-from . import hub, registry, weights
+from . import folders, hub, registry, weights
 from .chars import BOS_IDS, BOS_TOKEN, EOS_IDS, EOS_TOKEN, batch_to_ids, word_to_char_ids
 from .config import ElmoConfig
 from .encoder import CharCNNEncoder, plan_tokens
@@ -168,6 +168,10 @@ def _row_order(lengths: torch.Tensor, fused: bool):
 
 
 class BiLM(nn.Module, ComputeSettings):
+    # forward takes batch_to_ids' char ids; a model with its own lexicons (ELMoForManyLangs')
+    # takes tokens through embed_sentences only.
+    takes_char_ids = True
+
     def __init__(self, config: ElmoConfig, stateful: bool = False,
                  regularisation: Regularisation | None = None, precision: str = "fp32",
                  backend: str | None = None) -> None:
@@ -364,8 +368,9 @@ class BiLM(nn.Module, ComputeSettings):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = "default", **kw) -> BiLM:
         """Load a model by registry name or alias (downloaded once, then cached), ``"default"``
-        (the model shipped in the package), a directory in the native or the published layout, or
-        a Hugging Face Hub id ``owner/name[@revision]`` (see :mod:`torchelmo.model.hub`)."""
+        (the model shipped in the package), a directory (native, published, ELMoForManyLangs' or
+        a training run's: :mod:`torchelmo.model.folders` finds which), or a Hugging Face Hub id
+        ``owner/name[@revision]`` (see :mod:`torchelmo.model.hub`)."""
         return _load_pretrained(cls, name_or_path, **kw)
 
     def save_pretrained(self, out_dir: str | Path, dtype: str = "float32", **card) -> Path:
@@ -401,18 +406,38 @@ def _load_pretrained(cls: type[BiLM], name_or_path: str | Path, **kw) -> BiLM:
     registry.check_model_name(name)
     path = registry.default_model_dir() if name == "default" else Path(name)
     if path.is_dir():
-        if os.path.lexists(path / weights.CONFIG_NAME):   # whatever it is: its reader says what is wrong
-            weights.require_native_weights(path)   # before the model is allocated
-            model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
-            weights.load_native(model, path)
-            return model.eval()
-        found = registry.find_published_files(path)
-        if found is None:
-            raise ElmoError(f"{path}: neither a native model ({weights.CONFIG_NAME} + "
-                            f"{weights.WEIGHTS_NAME}) nor a published one (*options.json + *weights*.hdf5)")
-        return cls.from_published(*found, **kw)
+        return folders.find(path).load(cls, path, **kw)
     if registry.is_published(name):
         # A download is kept only once this model class has read every dataset of it.
         check = lambda config, path: weights.load_published_weights(cls(config), path)  # noqa: E731
         return cls.from_published(*registry.resolve_published(name, check), **kw)
     return _load_pretrained(cls, hub.resolve(name), **kw)   # a Hub id, or the error listing every name
+
+
+def _load_native(cls: type[BiLM], path: Path, **kw) -> BiLM:
+    weights.require_native_weights(path)   # before the model is allocated
+    model = cls(ElmoConfig.from_json_file(path / weights.CONFIG_NAME), **kw)
+    weights.load_native(model, path)
+    return model.eval()
+
+
+def _load_run(cls: type[BiLM], path: Path, **kw) -> BiLM:
+    """A training run's model: the final one (``model/``), or before the run ends the best so far."""
+    for sub in folders.RUN_MODEL_DIRS:
+        if (path / sub).is_dir():
+            return _load_native(cls, path / sub, **kw)
+    raise ElmoError(f"{path}: a training run without a model yet (its first validation writes "
+                    f"{folders.RUN_MODEL_DIRS[1]}/, its end {folders.RUN_MODEL_DIRS[0]}/)")
+
+
+folders.register(folders.Layout(
+    "native", f"{weights.CONFIG_NAME} + {weights.WEIGHTS_NAME}", order=10, load=_load_native,
+    # whatever is there: its reader says what is wrong
+    matches=lambda p: os.path.lexists(p / weights.CONFIG_NAME) or os.path.lexists(p / weights.WEIGHTS_NAME)))
+folders.register(folders.Layout(
+    "published", "*options.json + *weights*.hdf5", order=20,
+    matches=lambda p: registry.find_published_files(p) is not None,
+    load=lambda cls, p, **kw: cls.from_published(*registry.find_published_files(p), **kw)))
+folders.register(folders.Layout(
+    "training run", f"{folders.RUN_CONFIG_NAME} with {' or '.join(d + '/' for d in folders.RUN_MODEL_DIRS)}",
+    order=30, matches=lambda p: os.path.lexists(p / folders.RUN_CONFIG_NAME), load=_load_run))

@@ -135,6 +135,9 @@ class Elmo(nn.Module):
         """Word ids index ``vocab`` from now on (0: padding); its token embeddings are precomputed."""
         if isinstance(vocab, str) or len(vocab) < 2:
             raise ElmoError("vocab_to_cache: expected a list of words, entry 0 being padding")
+        if not self.bilm.takes_char_ids:
+            raise ElmoError(f"vocab_to_cache: a {type(self.bilm).__name__} reads tokens through its own "
+                            "lexicons; give the tokens themselves")
         words = list(vocab)
         table = batch_to_ids([words])[0]
         table[0] = 0                                 # id 0 is padding, whatever word sits there
@@ -144,10 +147,17 @@ class Elmo(nn.Module):
 
     def forward(self, inputs: torch.Tensor | list[list[str]] | None = None,
                 word_inputs: torch.Tensor | None = None) -> dict:
-        char_ids = self._char_ids(inputs, word_inputs)
-        lead = char_ids.shape[:-2]
-        # flatten, not reshape(-1, ...): a batch of empty sentences, (B, 0, 50), has no elements
-        out = self.bilm(char_ids.flatten(0, -3), keep_sentence_boundaries=True)
+        if not self.bilm.takes_char_ids:
+            if inputs is None or torch.is_tensor(inputs) or word_inputs is not None:
+                raise ElmoError(f"Elmo: a {type(self.bilm).__name__} reads tokens through its own lexicons; "
+                                "give lists of tokens, not ids")
+            lead: tuple[int, ...] = (len(inputs),)
+            out = self.bilm.embed_sentences([list(s) for s in inputs], keep_sentence_boundaries=True)
+        else:
+            char_ids = self._char_ids(inputs, word_inputs)
+            lead = tuple(char_ids.shape[:-2])
+            # flatten, not reshape(-1, ...): a batch of empty sentences, (B, 0, 50), has no elements
+            out = self.bilm(char_ids.flatten(0, -3), keep_sentence_boundaries=True)
         mask = out.mask
         reps = [mix(out.layers, mask) for mix in self.scalar_mixes]
         if not self.keep_sentence_boundaries:

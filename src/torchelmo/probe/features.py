@@ -28,16 +28,19 @@ from ..errors import ElmoError
 from ..io.fileio import atomic_path
 from ..io.text import length_batches
 from ..model.bilm import BiLM
-from ..model.chars import batch_to_ids
 
 FORMAT_VERSION = 1
 Span = tuple[int, int, int]  # (sentence index, start token, end token exclusive)
 
 
 def model_fingerprint(bilm: BiLM) -> str:
-    """SHA-256 (16 hex digits) over the config and every parameter and buffer, in order, and the
-    precision when it is not fp32 (reduced-precision features are other features)."""
+    """SHA-256 (16 hex digits) over the config, every parameter and buffer in order, the lexicons
+    of a model with its own token ids, and the precision when it is not fp32 (reduced-precision
+    features are other features)."""
     h = hashlib.sha256(json.dumps(bilm.config.to_options(), sort_keys=True).encode())
+    lexicons = getattr(bilm, "vocab", None)   # a model with its own token ids (ELMoForManyLangs')
+    if lexicons is not None:
+        h.update(lexicons.digest())
     precision = bilm.resolved_precision().name
     if precision != "fp32":
         h.update(f"precision={precision}".encode())
@@ -142,7 +145,7 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
             buf = np.zeros((L, n, F), dtype=np.float16) if n * L * F <= 2 ** 29 else None
             for batch in batches:
                 idx = [needed[b] for b in batch]
-                out = bilm(batch_to_ids([list(sentences[i]) for i in idx]))   # host ids: see BiLM.forward
+                out = bilm.embed_sentences([list(sentences[i]) for i in idx])   # host ids: see BiLM.forward
                 layers = torch.stack(out.layers).float().cpu()  # (L, B, T, F)
                 for r, i in enumerate(idx):
                     if spans is None:

@@ -35,6 +35,7 @@ from ..lm.model import LanguageModel
 from ..lm.vocab import Vocabulary
 from ..model import hub
 from ..model.config import ElmoConfig
+from ..model.folders import RUN_CONFIG_NAME, RUN_MODEL_DIRS
 from .config import PER_INVOCATION, RESUME_OVERRIDABLE, TrainConfig
 from .distributed import DistEnv, gather_lstm_state, gather_rng, restore_rng, seed_rngs
 from .metrics import check_log
@@ -215,7 +216,7 @@ def check_resume_fields(ckpt: dict, path: str | Path) -> None:
 
 
 # What a run writes into its directory; a new run there would mix with or silently replace it.
-RUN_FILES = (CHECKPOINT_NAME, KEPT_DIR, "metrics.jsonl", "train_config.json", "model", "best", "published",
+RUN_FILES = (CHECKPOINT_NAME, KEPT_DIR, "metrics.jsonl", RUN_CONFIG_NAME, *RUN_MODEL_DIRS, "published",
              "tensorboard")
 
 

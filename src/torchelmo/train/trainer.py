@@ -23,6 +23,7 @@ from ..lm.data import SentenceBatcher, StreamBatcher
 from ..lm.model import LanguageModel
 from ..lm.softmax import AdaptiveSoftmax, softmax_kind
 from ..lm.vocab import Vocabulary
+from ..model.folders import RUN_CONFIG_NAME
 from ..runtime import check_allocation, keep_heap, resolve_device, set_threads, write
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
@@ -32,7 +33,7 @@ from .progress import StopSignals, Window, progress_bar, report, stop_reason
 from .step import Stepper
 from .validation import Validator
 
-TRAIN_CONFIG_NAME = "train_config.json"
+TRAIN_CONFIG_NAME = RUN_CONFIG_NAME   # what marks a run directory (a model wherever one is named)
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:

@@ -13,11 +13,12 @@ import torch.nn as nn
 
 from ...errors import ElmoError
 from ...model.bilm import BiLM
+from ...model.layout import bilm_layout
 from ...model.mix import Elmo as _Elmo
 from .embedder import DEFAULT_MODEL
 from .mix import ScalarMix
 from .modules import _ElmoBiLm
-from .state_dict import _BILM_ROOTS, _accept_allennlp_keys, _allennlp_dict, _bilm_layout, _refresh_caches
+from .state_dict import _BILM_ROOTS, _accept_allennlp_keys, _allennlp_dict, _refresh_caches
 
 
 class Elmo(_Elmo):
@@ -91,7 +92,7 @@ class Elmo(_Elmo):
         """The state dict of AllenNLP's ``Elmo`` with these weights (see :mod:`.state_dict`):
         ``_elmo_lstm.*`` from the biLM, ``scalar_mix_k.*``, and with ``vocab_to_cache``
         ``_elmo_lstm._word_embedding.weight`` (row 0, padding, zeros)."""
-        out = _allennlp_dict(_bilm_layout(self.bilm), "_elmo_lstm.")
+        out = _allennlp_dict(bilm_layout(self.bilm), "_elmo_lstm.")
         if self._vocab_char_ids is not None:
             with torch.no_grad():
                 table = self.bilm.encoder.encode_tokens(self._vocab_char_ids)
@@ -110,7 +111,7 @@ class Elmo(_Elmo):
             k, rest = key[len(old):].split(".", 1)
             state_dict[f"{prefix}scalar_mix_{k}.{rest}"] = state_dict.pop(key)
         _accept_allennlp_keys(self, state_dict, prefix, "_elmo_lstm.", _BILM_ROOTS.__contains__, "bilm.",
-                              _bilm_layout(self.bilm), self.bilm, missing_keys, error_msgs,
+                              bilm_layout(self.bilm), self.bilm, missing_keys, error_msgs,
                               drop=("_word_embedding.weight",))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

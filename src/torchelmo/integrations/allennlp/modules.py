@@ -20,16 +20,9 @@ from ...model import weights
 from ...model.bilm import BiLM, add_sentence_boundaries
 from ...model.config import ElmoConfig
 from ...model.encoder import CharCNNEncoder
+from ...model.layout import bilm_layout, encoder_layout
 from ...model.mix import Elmo as _Elmo
-from .state_dict import (
-    _BILM_ROOTS,
-    _accept_allennlp_keys,
-    _allennlp_dict,
-    _bilm_layout,
-    _encoder_layout,
-    _is_encoder_root,
-    _refresh_caches,
-)
+from .state_dict import _BILM_ROOTS, _accept_allennlp_keys, _allennlp_dict, _is_encoder_root, _refresh_caches
 
 
 class _ElmoCharacterEncoder(nn.Module):
@@ -86,12 +79,12 @@ class _ElmoCharacterEncoder(nn.Module):
 
     def allennlp_state_dict(self) -> OrderedDict[str, torch.Tensor]:
         """This module's parameters under AllenNLP's names (see :mod:`.state_dict`)."""
-        return _allennlp_dict(_encoder_layout(self.encoder))
+        return _allennlp_dict(encoder_layout(self.encoder))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
         _accept_allennlp_keys(self, state_dict, prefix, "", _is_encoder_root, "encoder.",
-                              _encoder_layout(self.encoder), self.encoder, missing_keys, error_msgs)
+                              encoder_layout(self.encoder), self.encoder, missing_keys, error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
@@ -213,12 +206,12 @@ class _ElmoBiLm(nn.Module):
 
     def allennlp_state_dict(self) -> OrderedDict[str, torch.Tensor]:
         """This module's parameters under AllenNLP's names (see :mod:`.state_dict`)."""
-        return _allennlp_dict(_bilm_layout(self.bilm))
+        return _allennlp_dict(bilm_layout(self.bilm))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
         _accept_allennlp_keys(self, state_dict, prefix, "", _BILM_ROOTS.__contains__, "bilm.",
-                              _bilm_layout(self.bilm), self.bilm, missing_keys, error_msgs,
+                              bilm_layout(self.bilm), self.bilm, missing_keys, error_msgs,
                               drop=("_word_embedding.weight",))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

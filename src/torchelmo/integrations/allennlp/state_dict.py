@@ -52,101 +52,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ...model.bilm import BiLM
-from ...model.encoder import CharCNNEncoder
-from ...numerics.lstm import FORGET_BIAS
-
-
-class _Entry(NamedTuple):
-    key: str                                          # AllenNLP's name
-    shape: tuple[int, ...]                            # its shape there
-    get: Callable[[], torch.Tensor]                   # the model's value, in AllenNLP's layout
-    put: Callable[[dict[str, torch.Tensor], torch.Tensor], None]   # AllenNLP value -> native copies
-
-
-def _swap_gates(t: torch.Tensor, D: int) -> torch.Tensor:
-    """Gate blocks 1 and 2 (D rows each) exchanged: i, j, f, o <-> i, f, j, o (its own inverse)."""
-    return torch.cat([t[:D], t[2 * D:3 * D], t[D:2 * D], t[3 * D:]])
-
-
-def _same(key: str, param: torch.Tensor, name: str) -> _Entry:
-    def put(work, t):
-        work[name].copy_(t)
-    return _Entry(key, tuple(param.shape), lambda: param.detach().clone(), put)
-
-
-def _highway(key: str, param: torch.Tensor, name: str, n: int) -> _Entry:
-    # [transform; carry] <-> [transform; -carry]: the same operation both ways.
-    def flip(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t[:n], -t[n:]])
-
-    def put(work, t):
-        work[name].copy_(flip(t))
-    return _Entry(key, tuple(param.shape), lambda: flip(param.detach()), put)
-
-
-def _encoder_layout(encoder: CharCNNEncoder, base: str = "", native: str = "") -> list[_Entry]:
-    """The char-CNN's entries: AllenNLP keys under ``base``, torchelmo's under ``native``."""
-    n = encoder.config.n_filters
-    entries = [_same(base + "_char_embedding_weights", encoder.char_embed.weight, native + "char_embed.weight")]
-    for i, conv in enumerate(encoder.convs):
-        entries.append(_same(f"{base}char_conv_{i}.weight", conv.weight, f"{native}convs.{i}.weight"))
-        entries.append(_same(f"{base}char_conv_{i}.bias", conv.bias, f"{native}convs.{i}.bias"))
-    for k, hw in enumerate(encoder.highways):
-        for part in ("weight", "bias"):
-            entries.append(_highway(f"{base}_highways._layers.{k}.{part}", getattr(hw.proj, part),
-                                    f"{native}highways.{k}.proj.{part}", n))
-    entries.append(_same(base + "_projection.weight", encoder.proj.weight, native + "proj.weight"))
-    entries.append(_same(base + "_projection.bias", encoder.proj.bias, native + "proj.bias"))
-    return entries
-
-
-def _lstm_entries(layer, l: int, d: int) -> list[_Entry]:
-    """One direction ``d`` of LSTM layer ``l``: AllenNLP's ``LstmCellWithProjection``."""
-    D = layer.lstm_dim
-    base = f"_elmo_lstm.{('forward', 'backward')[d]}_layer_{l}."
-
-    def matrix(key: str, attr: str) -> _Entry:       # torchelmo (in, 4D) i,j,f,o <-> AllenNLP (4D, in) i,f,j,o
-        param = getattr(layer, attr)
-
-        def put(work, t):
-            work[f"layers.{l}.{attr}"][d].copy_(_swap_gates(t, D).T)
-        return _Entry(base + key, (4 * D, param.shape[1]),
-                      lambda: _swap_gates(param[d].detach().T, D).contiguous(), put)
-
-    def get_bias():
-        b = layer.bias[d].detach().clone()
-        b[2 * D:3 * D] += FORGET_BIAS
-        return _swap_gates(b, D)
-
-    def put_bias(work, t):
-        b = _swap_gates(t, D).clone()
-        b[2 * D:3 * D] -= FORGET_BIAS
-        work[f"layers.{l}.bias"][d].copy_(b)
-
-    def put_projection(work, t):
-        work[f"layers.{l}.w_p"][d].copy_(t.T)
-
-    return [matrix("input_linearity.weight", "w_x"),
-            matrix("state_linearity.weight", "w_h"),
-            _Entry(base + "state_linearity.bias", (4 * D,), get_bias, put_bias),
-            _Entry(base + "state_projection.weight", (layer.projection_dim, D),
-                   lambda: layer.w_p[d].detach().T.contiguous(), put_projection)]
-
-
-def _bilm_layout(bilm: BiLM) -> list[_Entry]:
-    """Every entry of ``_ElmoBiLm``'s state dict (torchelmo names relative to the BiLM)."""
-    entries = _encoder_layout(bilm.encoder, "_token_embedder.", "encoder.")
-    for l, layer in enumerate(bilm.layers):
-        for d in range(2):
-            entries += _lstm_entries(layer, l, d)
-    return entries
-
+from ...model.layout import Entry
 
 _BILM_ROOTS = ("_token_embedder", "_elmo_lstm", "_word_embedding")
 
@@ -156,7 +67,7 @@ def _is_encoder_root(name: str) -> bool:
 
 
 def _accept_allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, allen: str,
-                          is_root: Callable[[str], bool], native: str, entries: list[_Entry],
+                          is_root: Callable[[str], bool], native: str, entries: list[Entry],
                           native_module: nn.Module, missing_keys: list[str], error_msgs: list[str],
                           drop: Sequence[str] = ()) -> None:
     """Translate, in place, the AllenNLP keys of ``state_dict`` under ``prefix + allen`` (those
@@ -198,7 +109,7 @@ def _accept_allennlp_keys(module: nn.Module, state_dict: dict, prefix: str, alle
         state_dict[prefix + native + name] = t
 
 
-def _allennlp_dict(entries: list[_Entry], base: str = "") -> OrderedDict[str, torch.Tensor]:
+def _allennlp_dict(entries: list[Entry], base: str = "") -> OrderedDict[str, torch.Tensor]:
     with torch.no_grad():
         return OrderedDict((base + e.key, e.get()) for e in entries)
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ...errors import ElmoError
-from .model import ManyLangsBiLM
+from ...model.manylangs import ManyLangsBiLM
 
 
 class Embedder:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +43,11 @@ class ManyLangsVocab:
         self._specials = {t: (self.first, c[t], self.last) for t in (BOS, EOS)}
         if self.words is not None:
             self.word_oov, self.word_pad = self.words[OOV], self.words[PAD]
+
+    def digest(self) -> bytes:
+        """SHA-256 of both lexicons: what, beside the weights, makes this model's ids."""
+        data = json.dumps([sorted(self.chars.items()), sorted((self.words or {}).items()), self.max_chars])
+        return hashlib.sha256(data.encode()).digest()
 
     def sentence(self, tokens: Sequence[str]) -> list[str]:
         """``[<bos>, t1 .. tn, <eos>]`` with each token cut to ``max_chars - 2`` characters

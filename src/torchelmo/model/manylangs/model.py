@@ -3,6 +3,9 @@ LSTM stacks, its weights mapped through AllenNLP's conversions."""
 
 from __future__ import annotations
 
+import io
+import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +13,11 @@ import torch
 import torch.nn as nn
 
 from ...errors import ElmoError
-from ...model.bilm import BiLM, BiLMOutput
-from ...model.encoder import CharCNNEncoder
-from ..allennlp.state_dict import _encoder_layout, _Entry, _lstm_entries, _same
+from ...io.fileio import atomic_path, write_error
+from .. import folders
+from ..bilm import BiLM, BiLMOutput
+from ..encoder import CharCNNEncoder
+from ..layout import Entry, encoder_layout, lstm_entries, same
 from .config import ManyLangsConfig, _section, model_config
 from .files import (
     BUNDLED_CONFIGS,
@@ -64,7 +69,7 @@ class ManyLangsTokenEncoder(CharCNNEncoder):
 
 
 def _token_key(allen_key: str) -> str:
-    """AllenNLP's char-CNN key (``_encoder_layout``) -> ELMoForManyLangs' ``ConvTokenEmbedder`` key."""
+    """AllenNLP's char-CNN key (``encoder_layout``) -> ELMoForManyLangs' ``ConvTokenEmbedder`` key."""
     if allen_key == "_char_embedding_weights":
         return "char_emb_layer.embedding.weight"
     if allen_key.startswith("char_conv_"):
@@ -89,11 +94,17 @@ class ManyLangsBiLM(BiLM):
     row r of the previous batch ended with; :meth:`reset_states` forgets it.
     """
 
-    def __init__(self, config: ManyLangsConfig, vocab: ManyLangsVocab, stateful: bool = True, **kw) -> None:
+    takes_char_ids = False
+
+    def __init__(self, config: ManyLangsConfig, vocab: ManyLangsVocab, stateful: bool = True,
+                 files: tuple[dict[str, Any], str, dict[str, Any]] | None = None, **kw) -> None:
         super().__init__(config, stateful=stateful, **kw)
         # BiLM built a CharCNNEncoder: ours replaces it (the same char-CNN, a wider projection).
         self.encoder = ManyLangsTokenEncoder(config, vocab.char_pad)
         self.vocab = vocab
+        # Their config.json, the name of the model config it points to, and that model config:
+        # what save_pretrained writes back.
+        self.files = files
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, **kw) -> ManyLangsBiLM:
@@ -116,20 +127,21 @@ class ManyLangsBiLM(BiLM):
         config = model_config(raw, source, len(chars), len(words) if words else 0)
         # Both files are read before the model is allocated.
         states = {name: load_state_dict(model_dir / name) for name in (TOKEN_EMBEDDER_PKL, ENCODER_PKL)}
-        model = cls(config, ManyLangsVocab(chars, words, config.max_characters_per_token), **kw)
+        files = (_read_json(top), where if isinstance(where, str) else where.name, raw)
+        model = cls(config, ManyLangsVocab(chars, words, config.max_characters_per_token), files=files, **kw)
         model.load_manylangs_state(states[TOKEN_EMBEDDER_PKL], states[ENCODER_PKL],
                                    sources=(model_dir / TOKEN_EMBEDDER_PKL, model_dir / ENCODER_PKL))
         return model.eval()
 
-    def manylangs_layout(self) -> tuple[list[_Entry], list[_Entry]]:
+    def manylangs_layout(self) -> tuple[list[Entry], list[Entry]]:
         """The entries of their ``token_embedder.pkl`` and ``encoder.pkl`` (their keys, their
-        shapes): AllenNLP's conversions (:mod:`torchelmo.integrations.allennlp.state_dict`) under their names."""
-        token = [e._replace(key=_token_key(e.key)) for e in _encoder_layout(self.encoder, "", "encoder.")]
+        shapes): AllenNLP's conversions (:mod:`torchelmo.model.layout`) under their names."""
+        token = [e._replace(key=_token_key(e.key)) for e in encoder_layout(self.encoder, "", "encoder.")]
         if self.encoder.word_embed is not None:
-            token.insert(0, _same("word_emb_layer.embedding.weight", self.encoder.word_embed.weight,
+            token.insert(0, same("word_emb_layer.embedding.weight", self.encoder.word_embed.weight,
                                   "encoder.word_embed.weight"))
         encoder = [e._replace(key=e.key.removeprefix("_elmo_lstm."))
-                   for l, layer in enumerate(self.layers) for d in range(2) for e in _lstm_entries(layer, l, d)]
+                   for l, layer in enumerate(self.layers) for d in range(2) for e in lstm_entries(layer, l, d)]
         return token, encoder
 
     @torch.no_grad()
@@ -189,13 +201,78 @@ class ManyLangsBiLM(BiLM):
         m = mask.unsqueeze(-1).to(e.dtype)
         return BiLMOutput([layer * m for layer in layers], mask)
 
-    embed_sentences = _unsupported("embed_sentences")
+    def embed_sentences(self, sentences: list[list[str]], keep_sentence_boundaries: bool = False) -> BiLMOutput:
+        """Tokens in, layers out, as :meth:`BiLM.embed_sentences <torchelmo.BiLM.embed_sentences>`:
+        ``(B, T, 2P)`` each (``T + 2`` with ``<bos>``/``<eos>`` kept), zeros past each row, and
+        the mask; the ids come from this model's lexicons."""
+        if not sentences:
+            raise ElmoError("ManyLangsBiLM: empty batch (no sentences)")
+        out = self(*self.vocab.batch([self.vocab.sentence(s) for s in sentences]))
+        if keep_sentence_boundaries:
+            return out
+        lengths = torch.tensor([len(s) for s in sentences], device=out.mask.device)
+        T = int(lengths.max())
+        mask = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+        m = mask.unsqueeze(-1).to(out.layers[0].dtype)
+        return BiLMOutput([layer[:, 1:T + 1] * m for layer in out.layers], mask)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kw) -> ManyLangsBiLM:  # type: ignore[override]
+        """:meth:`from_dir`: this class reads only ELMoForManyLangs directories."""
+        return cls.from_dir(name_or_path, **kw)
+
+    def save_pretrained(self, out_dir: str | Path, **_) -> Path:  # type: ignore[override]
+        """Write the model as an ELMoForManyLangs directory (the layout it came in, which their
+        ``Embedder`` and :meth:`from_dir` read): ``config.json``, the model config it names,
+        both lexicons and both ``.pkl`` state dicts (tensors only)."""
+        if self.files is None:
+            raise ElmoError("ManyLangsBiLM.save_pretrained: this model was not read from a directory, so "
+                            "its model config is unknown; load one with ManyLangsBiLM.from_dir")
+        top, config_name, raw = self.files
+        out = Path(out_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(out, e) from None
+        token, encoder = self.manylangs_layout()
+        with torch.no_grad():
+            for name, entries in ((TOKEN_EMBEDDER_PKL, token), (ENCODER_PKL, encoder)):
+                data = io.BytesIO()   # serialised in memory: a full disk fails one Python write
+                torch.save(OrderedDict((e.key, e.get().cpu()) for e in entries), data)
+                with atomic_path(out / name) as tmp:
+                    tmp.write_bytes(data.getvalue())
+        lexicons = [(CHAR_DIC, self.vocab.chars)] + ([(WORD_DIC, self.vocab.words)] if self.vocab.words else [])
+        for name, lexicon in lexicons:
+            with atomic_path(out / name) as tmp:
+                tmp.write_text("".join(f"{token}\t{i}\n" for token, i in lexicon.items()), encoding="utf-8")
+        for name, data in ((config_name, raw), (CONFIG_NAME, {**top, "config_path": config_name})):
+            with atomic_path(out / name) as tmp:
+                tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return out
+
     run_tokens = _unsupported("run_tokens")
     cache_token_embeddings = _unsupported("cache_token_embeddings")
-    save_pretrained = _unsupported("save_pretrained")
     export_published = _unsupported("export_published")
     from_published = classmethod(_unsupported("from_published"))
-    from_pretrained = classmethod(_unsupported("from_pretrained"))
+
+
+def _is_manylangs(path: Path) -> bool:
+    return all((path / name).exists() for name in (TOKEN_EMBEDDER_PKL, ENCODER_PKL))
+
+
+def _load(cls: type[BiLM], path: Path, **kw) -> BiLM:
+    """Through ``BiLM.from_pretrained``: stateless unless ``stateful`` is given, as every model
+    there (their ``Embedder`` carries the state: :mod:`torchelmo.integrations.manylangs`)."""
+    if not issubclass(ManyLangsBiLM, cls):
+        raise ElmoError(f"{path}: an ELMoForManyLangs model, which {cls.__name__} cannot hold")
+    kw.setdefault("stateful", False)
+    return ManyLangsBiLM.from_dir(path, **kw)
+
+
+# Before the native layout: both have a config.json.
+folders.register(folders.Layout(
+    "ELMoForManyLangs", f"{CONFIG_NAME} + {CHAR_DIC} + {TOKEN_EMBEDDER_PKL} + {ENCODER_PKL}", order=0,
+    matches=_is_manylangs, load=_load))
 
 
 def _check_ids(ids: torch.Tensor, n: int, what: str) -> None:

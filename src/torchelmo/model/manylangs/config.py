@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ElmoError
-from ...model.config import MAX_DIM, ElmoConfig
+from ..config import MAX_DIM, ElmoConfig
 from .vocab import BOS, CHAR_SPECIALS, MIN_CHARS
 
 # torchelmo's option names (in ElmoConfig's messages) -> the model config's keys.
