@@ -120,3 +120,54 @@ def test_allennlp_mode_gives_the_drop_ins_numbers(tmp_path, model_args, allennlp
     rc, out = _run(tmp_path, ["a b", "", "c"], model_args, "--allennlp", name="blank.hdf5")
     err = capsys.readouterr().err
     assert rc == 1 and "line 2 is blank" in err and err.count("\n") == 1 and not out.exists()
+
+
+def _allennlp_main(monkeypatch, argv):
+    """AllenNLP's tests run the command as ``sys.argv = ["run.py", "elmo", ...]; main()``."""
+    from torchelmo.integrations.allennlp import main as allennlp_main
+    monkeypatch.setattr("sys.argv", ["run.py", "elmo", *map(str, argv)])
+    allennlp_main()
+
+
+def test_allennlp_main_writes_what_the_embedder_writes(tmp_path, model_args, allennlp_dir, monkeypatch):
+    from torchelmo.integrations.allennlp import ElmoEmbedder
+    sentences = ["Michael went to the store to buy some eggs .", "Joel rolled down the street ."]
+    src = tmp_path / "sentences.txt"
+    src.write_text("\n".join(sentences) + "\n")
+    _allennlp_main(monkeypatch, [src, tmp_path / "out.hdf5", "--all", *model_args])
+    want = ElmoEmbedder(str(allennlp_dir / "options.json"), str(allennlp_dir / "lm_weights.hdf5")).embed_batch(
+        [s.split() for s in sentences])
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        assert set(f.keys()) == {"0", "1", "sentence_to_index"}
+        for i, w in enumerate(want):
+            np.testing.assert_allclose(f[str(i)][...], w, rtol=0, atol=1e-6)
+    _allennlp_main(monkeypatch, [src, tmp_path / "top.hdf5", "--top", "--forget-sentences", *model_args])
+    with h5py.File(tmp_path / "top.hdf5", "r") as f:
+        assert set(f.keys()) == {"0", "1"}
+        np.testing.assert_allclose(f["1"][...], want[1][-1], rtol=0, atol=1e-6)
+
+
+def test_allennlp_main_raises_configuration_error_on_blank_lines(tmp_path, model_args, monkeypatch):
+    # AllenNLP's own test: "A", "", "", "B" -> ConfigurationError, under AllenNLP's module paths too.
+    import sys
+
+    from torchelmo import ElmoError
+    from torchelmo.integrations.allennlp import ConfigurationError, register_as_allennlp
+    src = tmp_path / "sentences.txt"
+    src.write_text("A\n\n\nB\n")
+    with pytest.raises(ConfigurationError, match="line 2 is blank") as e:
+        _allennlp_main(monkeypatch, [src, tmp_path / "out.hdf5", "--all", *model_args])
+    assert isinstance(e.value, ElmoError) and e.value.message == str(e.value)
+    assert not (tmp_path / "out.hdf5").exists()
+    for name in [n for n in sys.modules if n == "allennlp" or n.startswith("allennlp.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert register_as_allennlp()
+    try:
+        from allennlp.commands import main as their_main
+        from allennlp.common.checks import ConfigurationError as TheirError
+        monkeypatch.setattr("sys.argv", ["run.py", "elmo", str(src), str(tmp_path / "out.hdf5"), "--all", *model_args])
+        with pytest.raises(TheirError):
+            their_main()
+    finally:
+        for name in [n for n in sys.modules if n == "allennlp" or n.startswith("allennlp.")]:
+            del sys.modules[name]

@@ -96,6 +96,10 @@ class EmbedOptions:
         return read_lines(path, errors=self.errors, shard=self.shard, hint=UTF8_HINT)
 
 
+class BlankLineError(ElmoError):
+    """A blank input line where blank lines are errors (AllenNLP's rule)."""
+
+
 class _BlankLines:
     """Warns about blank lines: the first few by name, then a count at the end; or, with
     ``error``, stops at the first (as AllenNLP's ``elmo`` command did)."""
@@ -105,7 +109,7 @@ class _BlankLines:
 
     def __call__(self, index: int) -> None:
         if self.error:
-            raise ElmoError(f"line {index + 1} is blank: AllenNLP's elmo command rejects blank lines "
+            raise BlankLineError(f"line {index + 1} is blank: AllenNLP's elmo command rejects blank lines "
                             "(remove them, or embed without AllenNLP's rules to get zero-length datasets)")
         self.count += 1
         if self.count <= BLANK_WARNINGS:

@@ -18,7 +18,10 @@ one module each:
 * :mod:`.elmo`: ``Elmo`` and ``ElmoTokenEmbedder``;
 * :mod:`.modules`: ``_ElmoBiLm`` and ``_ElmoCharacterEncoder``;
 * :mod:`.mix`: ``ScalarMix`` (AllenNLP's parameter layout);
+* :mod:`.lstm`: ``LstmCellWithProjection`` and ``ElmoLstm`` (AllenNLP's arguments and names);
 * :mod:`.embedder`: ``ElmoEmbedder`` (``allennlp.commands.elmo``);
+* :mod:`.commands`: ``main`` (``allennlp.commands.main``, its ``elmo`` subcommand);
+* :mod:`.checks`: ``ConfigurationError`` (``allennlp.common.checks``);
 * :mod:`.indexer`: ``ELMoCharacterMapper`` and ``ELMoTokenCharactersIndexer``;
 * :mod:`.state_dict`: checkpoints with AllenNLP's keys, which ``Elmo``, ``ElmoTokenEmbedder``,
   ``_ElmoBiLm`` and ``_ElmoCharacterEncoder`` load and give back (``allennlp_state_dict()``); its
@@ -30,14 +33,18 @@ one module each:
 
 from ...model.chars import batch_to_ids
 from .alias import register_as_allennlp
+from .checks import ConfigurationError
+from .commands import main
 from .elmo import Elmo, ElmoTokenEmbedder
 from .embedder import DEFAULT_BATCH_SIZE, ElmoEmbedder
 from .embedder import DEFAULT_MODEL as DEFAULT_MODEL
 from .indexer import ELMoCharacterMapper, ELMoTokenCharactersIndexer
+from .lstm import ElmoLstm, LstmCellWithProjection
 from .mix import ScalarMix
 from .modules import _ElmoBiLm as _ElmoBiLm
 from .modules import _ElmoCharacterEncoder as _ElmoCharacterEncoder
 from .modules import _ElmoLstmState as _ElmoLstmState
 
-__all__ = ["DEFAULT_BATCH_SIZE", "ELMoCharacterMapper", "ELMoTokenCharactersIndexer", "Elmo", "ElmoEmbedder",
-           "ElmoTokenEmbedder", "ScalarMix", "batch_to_ids", "register_as_allennlp"]
+__all__ = ["DEFAULT_BATCH_SIZE", "ConfigurationError", "ELMoCharacterMapper", "ELMoTokenCharactersIndexer", "Elmo",
+           "ElmoEmbedder", "ElmoLstm", "ElmoTokenEmbedder", "LstmCellWithProjection", "ScalarMix", "batch_to_ids",
+           "main", "register_as_allennlp"]

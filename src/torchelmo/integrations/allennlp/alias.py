@@ -12,11 +12,15 @@ not importable (then it returns False and changes nothing). The modules it regis
 names AllenNLP had there and nothing else:
 
 =============================================================  ===================================
+``allennlp.commands``                                          ``main`` (its ``elmo`` subcommand)
+``allennlp.common.checks``                                     ``ConfigurationError``
 ``allennlp.commands.elmo``                                     ``ElmoEmbedder``, ``DEFAULT_OPTIONS_FILE``,
                                                                ``DEFAULT_WEIGHT_FILE``, ``DEFAULT_BATCH_SIZE``
 ``allennlp.modules.elmo``                                      ``Elmo``, ``_ElmoBiLm``,
                                                                ``_ElmoCharacterEncoder``, ``batch_to_ids``
 ``allennlp.modules.scalar_mix``                                ``ScalarMix``
+``allennlp.modules.elmo_lstm``                                 ``ElmoLstm``
+``allennlp.modules.lstm_cell_with_projection``                 ``LstmCellWithProjection``
 ``allennlp.modules.token_embedders.elmo_token_embedder``       ``ElmoTokenEmbedder``
 ``allennlp.data.token_indexers.elmo_indexer``                  ``ELMoCharacterMapper``,
                                                                ``ELMoTokenCharactersIndexer``
@@ -35,9 +39,12 @@ import sys
 import types
 
 from ...model.chars import batch_to_ids
+from .checks import ConfigurationError
+from .commands import main
 from .elmo import Elmo, ElmoTokenEmbedder
 from .embedder import DEFAULT_BATCH_SIZE, DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, ElmoEmbedder
 from .indexer import ELMoCharacterMapper, ELMoTokenCharactersIndexer
+from .lstm import ElmoLstm, LstmCellWithProjection
 from .mix import ScalarMix
 from .modules import _ElmoBiLm, _ElmoCharacterEncoder
 
@@ -45,7 +52,7 @@ MARK = "__torchelmo_alias__"
 
 _MODULES: dict[str, dict[str, object]] = {
     "allennlp": {},
-    "allennlp.commands": {},
+    "allennlp.commands": {"main": main},
     "allennlp.commands.elmo": {"ElmoEmbedder": ElmoEmbedder, "DEFAULT_OPTIONS_FILE": DEFAULT_OPTIONS_FILE,
                                "DEFAULT_WEIGHT_FILE": DEFAULT_WEIGHT_FILE,
                                "DEFAULT_BATCH_SIZE": DEFAULT_BATCH_SIZE},
@@ -53,8 +60,12 @@ _MODULES: dict[str, dict[str, object]] = {
     "allennlp.modules.elmo": {"Elmo": Elmo, "_ElmoBiLm": _ElmoBiLm,
                               "_ElmoCharacterEncoder": _ElmoCharacterEncoder, "batch_to_ids": batch_to_ids},
     "allennlp.modules.scalar_mix": {"ScalarMix": ScalarMix},
+    "allennlp.modules.elmo_lstm": {"ElmoLstm": ElmoLstm},
+    "allennlp.modules.lstm_cell_with_projection": {"LstmCellWithProjection": LstmCellWithProjection},
     "allennlp.modules.token_embedders": {"ElmoTokenEmbedder": ElmoTokenEmbedder},
     "allennlp.modules.token_embedders.elmo_token_embedder": {"ElmoTokenEmbedder": ElmoTokenEmbedder},
+    "allennlp.common": {},
+    "allennlp.common.checks": {"ConfigurationError": ConfigurationError},
     "allennlp.data": {},
     "allennlp.data.token_indexers": {"ELMoTokenCharactersIndexer": ELMoTokenCharactersIndexer},
     "allennlp.data.token_indexers.elmo_indexer": {"ELMoCharacterMapper": ELMoCharacterMapper,

@@ -19,6 +19,7 @@ from ...model.bilm import BiLM
 from ...model.chars import batch_to_ids, sentence_lengths
 from ...model.registry import ALIASES, REGISTRY
 from ...runtime import resolve_cuda_device
+from .checks import ConfigurationError
 from .modules import _ElmoBiLm
 
 DEFAULT_BATCH_SIZE = 64          # AllenNLP's ElmoEmbedder and `allennlp elmo`
@@ -103,17 +104,20 @@ class ElmoEmbedder:
         ``sentence_to_index`` unless ``forget_sentences``. ``output_format``: all, top or average.
         ``input_file`` is an open text file (closed afterwards, as AllenNLP does) or a path.
         Batches are ``batch_size`` lines in file order; the carried state starts from zero. A blank
-        line is an error, as in AllenNLP.
+        line is AllenNLP's :class:`~.checks.ConfigurationError`, as in AllenNLP.
         """
-        from ...embed.hdf5 import embed_file
+        from ...embed.hdf5 import BlankLineError, embed_file
 
         if output_format not in ("all", "top", "average"):
             raise ElmoError(f"output_format must be all, top or average, got {output_format!r}")
         with _input_path(input_file) as path:
-            embed_file(self.bilm, path, output_file_path, output_format,
-                       batch_size=batch_size if self.bilm.stateful else None,
-                       sentence_index=not forget_sentences,
-                       keys="sentence" if use_sentence_keys else "index", blank_lines="error")
+            try:
+                embed_file(self.bilm, path, output_file_path, output_format,
+                           batch_size=batch_size if self.bilm.stateful else None,
+                           sentence_index=not forget_sentences,
+                           keys="sentence" if use_sentence_keys else "index", blank_lines="error")
+            except BlankLineError as e:
+                raise ConfigurationError(str(e)) from None
 
 
 class _input_path:
