@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import ElmoError
+from ...model.bilm import reverse_padded
 from ...model.layout import swap_gates
 from ...numerics import cell
 
@@ -25,15 +26,6 @@ def _block_orthogonal(weight: torch.Tensor, rows: int) -> None:
     with torch.no_grad():
         for start in range(0, weight.shape[0], rows):
             nn.init.orthogonal_(weight[start:start + rows])
-
-
-def _reverse(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``(B, T, ...)`` with each row's first ``lengths[b]`` steps reversed (the rest stays)."""
-    T = x.shape[1]
-    t = torch.arange(T, device=x.device).unsqueeze(0)
-    n = lengths.to(x.device).unsqueeze(1)
-    index = torch.where(t < n, n - 1 - t, t)                       # (B, T)
-    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
 class LstmCellWithProjection(nn.Module):
@@ -85,7 +77,7 @@ class LstmCellWithProjection(nn.Module):
         else:
             h, c = initial_state[0].squeeze(0), initial_state[1].squeeze(0)
         n = torch.tensor(lengths, dtype=torch.long)
-        x = inputs if self.go_forward else _reverse(inputs, n)
+        x = inputs if self.go_forward else reverse_padded(inputs, n)
         # AllenNLP's gate rows i, f, j, o -> the cell's blocks i, j, f, o.
         w_x = swap_gates(self.input_linearity.weight, D).T                      # (in, 4D)
         w_h = swap_gates(self.state_linearity.weight, D).T                      # (P, 4D)
@@ -107,7 +99,7 @@ class LstmCellWithProjection(nn.Module):
             steps.append(torch.cat([h_k, h_k.new_zeros(B - k, P)]))
         out = torch.stack(steps, 1) if steps else inputs.new_zeros(B, 0, P)
         if not self.go_forward:
-            out = _reverse(out, n)
+            out = reverse_padded(out, n)
         return out, (h.unsqueeze(0), c.unsqueeze(0))
 
 
