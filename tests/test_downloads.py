@@ -9,6 +9,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+import torch
 
 from helpers import tiny_published
 from torchelmo.errors import ElmoError
@@ -401,3 +402,28 @@ def test_an_hdf5_bomb_is_refused_before_any_read(tmp_path, server):
         cached_path(f"{base}/bomb.hdf5", cache=tmp_path / "cache", progress=False, kind="hdf5")
     assert "\n" not in str(e.value)
     assert [n for n in _cache_files(tmp_path / "cache") if n.endswith(".hdf5")] == []
+
+
+def test_a_published_pair_is_seeded_together_or_not_at_all(tmp_path, monkeypatch):
+    # seed_cache checks each file alone; seed_published checks that the weights fit the options,
+    # and a pair seeded apart from two models is named as such when loaded.
+    from torchelmo import BiLM, preset
+    from torchelmo.io.download import seed_cache
+    from torchelmo.model.registry import ALIASES, REGISTRY
+    monkeypatch.setenv("ELMO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ELMO_OFFLINE", "1")
+    a = tiny_published(tmp_path / "a")
+    b = BiLM(preset("tiny", lstm_dim=32)).export_published(tmp_path / "b", "b")
+    with pytest.raises(ElmoError, match="W_0.*has shape"):
+        BiLM.seed_published("small", a[0], b[1])
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+    small = REGISTRY[ALIASES["small"]]
+    seed_cache(small["options"], a[0], kind="json")
+    seed_cache(small["weights"], b[1], kind="hdf5")
+    with pytest.raises(ElmoError, match="small: its cached options and weights do not fit together.*seed_published"):
+        BiLM.from_pretrained("small")
+    BiLM.seed_published("small", *a)
+    got, want = BiLM.from_pretrained("small"), BiLM.from_published(*a)
+    assert all(torch.equal(x, y) for x, y in zip(got.state_dict().values(), want.state_dict().values()))
+    with pytest.raises(ElmoError, match="unknown model"):
+        BiLM.seed_published("tiny", *a)

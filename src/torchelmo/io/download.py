@@ -289,7 +289,9 @@ def seed_cache(url: str, local_file: str | Path, sha256: str | None = None, cach
                verify: Verify | None = None, kind: str | None = None) -> Path:
     """Put ``local_file`` into the cache as the download of ``url``, checked as a download would be
     (the pinned ``sha256``, else ``verify`` or ``kind``): a machine without network, or code that
-    names a model only by its URL (flair's named ELMo models), then finds it there, offline too."""
+    names a model only by its URL (flair's named ELMo models), then finds it there, offline too.
+    Each file is checked alone: for a published model's pair, ``BiLM.seed_published`` checks that
+    the weights fit the options before caching either."""
     src = Path(local_file)
     if not src.is_file():
         raise ElmoError(f"{src}: file not found")

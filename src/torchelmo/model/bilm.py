@@ -373,6 +373,15 @@ class BiLM(nn.Module, ComputeSettings):
         ``owner/name[@revision]`` (see :mod:`torchelmo.model.hub`)."""
         return _load_pretrained(cls, name_or_path, **kw)
 
+    @classmethod
+    def seed_published(cls, name: str, options_file: str | Path, weight_file: str | Path) -> tuple[Path, Path]:
+        """Put a published model's two files (``name``: a registry name or alias) into the cache
+        as its downloads, for a machine without network: checked together first (the weights
+        must load into the options' shapes), so that neither is cached alone or beside another
+        model's. Returns the cached paths."""
+        return registry.seed_published(name, options_file, weight_file,
+                                       lambda config, path: weights.load_published_weights(cls(config), path))
+
     def save_pretrained(self, out_dir: str | Path, dtype: str = "float32", **card) -> Path:
         """Write the native format: ``config.json`` (published options schema) + ``model.safetensors``,
         and a model card ``README.md`` (``card``: :func:`torchelmo.model.hub.model_card`'s fields), ready
@@ -410,7 +419,12 @@ def _load_pretrained(cls: type[BiLM], name_or_path: str | Path, **kw) -> BiLM:
     if registry.is_published(name):
         # A download is kept only once this model class has read every dataset of it.
         check = lambda config, path: weights.load_published_weights(cls(config), path)  # noqa: E731
-        return cls.from_published(*registry.resolve_published(name, check), **kw)
+        options, weight_file = registry.resolve_published(name, check)
+        try:
+            return cls.from_published(options, weight_file, **kw)
+        except ElmoError as e:   # both came from the cache: seeded separately, from two models
+            raise ElmoError(f"{name}: its cached options and weights do not fit together ({e}); put both "
+                            f"in the cache again with BiLM.seed_published") from None
     return _load_pretrained(cls, hub.resolve(name), **kw)   # a Hub id, or the error listing every name
 
 

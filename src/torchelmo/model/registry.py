@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ElmoError
-from ..io.download import cached_path
+from ..io.download import cached_path, seed_cache
 from ..io.fileio import check_path_name
 from .config import ElmoConfig
 from .weights import CONFIG_NAME
@@ -73,6 +73,20 @@ def resolve_published(name: str, check_weights: Callable[[ElmoConfig, Path], Non
     config = ElmoConfig.from_json_file(options)
     return options, cached_path(entry["weights"], entry["weights_sha256"],
                                 verify=lambda path: check_weights(config, path))
+
+
+def seed_published(name: str, options_file: str | Path, weight_file: str | Path,
+                   check_weights: Callable[[ElmoConfig, Path], None]) -> tuple[Path, Path]:
+    """Cache a registry model's options and weights from local files, once
+    ``check_weights(config, weight_file)`` (the caller's load) has passed on the pair."""
+    full = ALIASES.get(name, name)
+    if full not in REGISTRY:
+        raise ElmoError(f"unknown model {name!r}; published models: {', '.join(REGISTRY)}")
+    entry = REGISTRY[full]
+    config = ElmoConfig.from_json_file(options_file)
+    check_weights(config, Path(weight_file))
+    return (seed_cache(entry["options"], options_file, entry["options_sha256"], kind="json"),
+            seed_cache(entry["weights"], weight_file, entry["weights_sha256"], kind="hdf5"))
 
 
 def find_published_files(model_dir: Path) -> tuple[Path, Path] | None:
