@@ -347,3 +347,23 @@ def test_a_language_model_counts_its_softmax_before_allocating(monkeypatch):
                                         r"address-space limit"):
         LanguageModel(cfg, vocab, softmax="full")
     assert made == []
+
+
+def test_api_warnings_point_at_the_callers_line(tmp_path):
+    # However deep in the library a warning is raised, it names the user's file and line.
+    import warnings
+
+    import torch
+
+    from torchelmo import BiLM, Elmo
+    from torchelmo.embed.hdf5 import embed_file
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n\nc\n")
+    model = BiLM.from_pretrained("default")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        embed_file(model, src, tmp_path / "out.h5", "all")
+        Elmo(model, 1, dropout=0.0)(torch.zeros(1, 2, 50, dtype=torch.long), word_inputs=torch.zeros(1, 2, dtype=torch.long))
+    mine = [w for w in caught if "blank" in str(w.message) or "word_inputs" in str(w.message)]
+    assert len(mine) == 2, [str(w.message) for w in caught]
+    assert all(w.filename == __file__ for w in mine), [(w.filename, w.lineno) for w in mine]

@@ -1,6 +1,9 @@
-"""The library's one exception type."""
+"""The library's one exception type, and its warnings pointed at the caller."""
 
+import os
 import re
+import sys
+import warnings
 
 # Characters that would break a message's single line (newlines, carriage returns, other
 # controls, Unicode line and paragraph separators), shown as escapes instead.
@@ -22,3 +25,23 @@ class ElmoError(ValueError):
 
     def __str__(self) -> str:
         return one_line(super().__str__())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _skipped() -> tuple[str, ...]:
+    """torchelmo's files, and torch's (its modules' __call__ stands between a user and forward)."""
+    torch = sys.modules.get("torch")
+    where = getattr(torch, "__file__", None)
+    return (_PACKAGE, os.path.dirname(where) + os.sep) if where else (_PACKAGE,)
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """:func:`warnings.warn` pointed at the first line outside torchelmo (and torch) that led
+    here: the user's call, however deep in the library the warning is raised."""
+    skipped = _skipped()
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1)

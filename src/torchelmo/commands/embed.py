@@ -8,7 +8,7 @@ import warnings
 
 from ..embed.engine import STATEFUL_BATCH_SIZE, STATELESS_BATCH_SIZE, STATELESS_MAX_TOKENS, ElmoWarning
 from ..embed.hdf5 import embed_file, merge_shards, parse_shard
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 from ..model.bilm import BiLM
 from ..numerics.backend import BACKENDS, COMPILE_MIN_INPUT_BYTES
 from ..numerics.precision import CHOICES as PRECISION_CHOICES
@@ -180,7 +180,7 @@ def run(args) -> int:
                        blank_lines="error" if args.allennlp else "warn")
         mark_done()   # OUTPUT is complete and in place
         if s.sentences == 0:
-            warnings.warn(f"{args.input}: no lines to embed; {s.output} holds no sentences", ElmoWarning, stacklevel=2)
+            warn(f"{args.input}: no lines to embed; {s.output} holds no sentences", ElmoWarning)
     if show_summary(args):
         rate = s.tokens / max(s.seconds, 1e-9)
         print(f"elmo embed: {s.sentences} lines ({s.tokens} tokens, {len(s.blank)} blank) -> "

@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 from ..io.fileio import atomic_path
 from ..io.text import Line, LineReader, count_lines, read_lines
 from ..model.bilm import BiLM
@@ -113,13 +112,12 @@ class _BlankLines:
                             "(remove them, or embed without AllenNLP's rules to get zero-length datasets)")
         self.count += 1
         if self.count <= BLANK_WARNINGS:
-            warnings.warn(f"line {index + 1} (dataset '{index}') is blank: writing a zero-length "
-                          "dataset", ElmoWarning, stacklevel=3)
+            warn(f"line {index + 1} (dataset '{index}') is blank: writing a zero-length dataset", ElmoWarning)
 
     def finish(self) -> None:
         if self.count > BLANK_WARNINGS:
-            warnings.warn(f"{self.count} blank lines in all ({self.count - BLANK_WARNINGS} not named "
-                          "above); each got a zero-length dataset", ElmoWarning, stacklevel=3)
+            warn(f"{self.count} blank lines in all ({self.count - BLANK_WARNINGS} not named above); each "
+                 "got a zero-length dataset", ElmoWarning)
 
 
 def _iter_lines(model: BiLM, lines: Iterable[Line], options: EmbedOptions, on_batch: OnBatch | None,

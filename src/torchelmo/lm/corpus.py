@@ -12,12 +12,11 @@ from __future__ import annotations
 import glob
 import os
 import random
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 from ..io.fileio import check_path_name
 from ..io.text import read_lines
 from ..model.chars import MAX_CHARS
@@ -157,8 +156,8 @@ def _check_long_tokens(path: Path, line: int, toks: list[str]) -> None:
     for t in toks:
         if len(t) > MAX_TOKEN_BYTES // 4 and len(t.encode("utf-8")) > MAX_TOKEN_BYTES:
             _warned_files.add(str(path))
-            warnings.warn(f"{path}: line {line}: token of {len(t.encode('utf-8'))} bytes; its characters "
-                          f"are truncated to {MAX_TOKEN_BYTES} bytes as in the original (its target id "
-                          "is unaffected); further such tokens in this file are not reported", stacklevel=3)
+            warn(f"{path}: line {line}: token of {len(t.encode('utf-8'))} bytes; its characters are "
+                 f"truncated to {MAX_TOKEN_BYTES} bytes as in the original (its target id is unaffected); "
+                 "further such tokens in this file are not reported")
             return
 

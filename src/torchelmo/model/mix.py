@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 from .bilm import BiLM
 from .chars import batch_to_ids
 
@@ -173,7 +172,7 @@ class Elmo(nn.Module):
             if table is None:
                 if inputs is None:
                     raise ElmoError("Elmo: word_inputs need vocab_to_cache")
-                warnings.warn("Elmo: word_inputs ignored: no vocab_to_cache was given", stacklevel=3)
+                warn("Elmo: word_inputs ignored: no vocab_to_cache was given")
             elif word_inputs.numel() and (word_inputs.min() < 0 or word_inputs.max() >= len(table)):
                 if inputs is None:
                     raise ElmoError(f"Elmo: word id {int(word_inputs.max())} is not in vocab_to_cache "

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..errors import warn
+
 
 @functools.lru_cache(maxsize=1)
 def compiler_found() -> bool:
@@ -90,7 +92,6 @@ def run(fn: Callable, args: tuple, eager: Callable[[], Any], dynamic: Sequence[t
             return _compile(fn)(*args)
     except Exception as e:  # the compiler's errors have no common type
         _failed.add(what)
-        warnings.warn(f"torch.compile failed for {what} ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}); its eager ops run instead", CompileWarning,
-                      stacklevel=3)
+        warn(f"torch.compile failed for {what} ({type(e).__name__}: "
+             f"{str(e).splitlines()[0] if str(e) else ''}); its eager ops run instead", CompileWarning)
         return eager()

@@ -31,13 +31,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 CHOICES = (*PRECISIONS, "auto")
@@ -149,8 +148,8 @@ def resolve_precision(name: str, device: torch.device | str) -> Precision:
 
 @functools.lru_cache(maxsize=1)
 def _warn_slow_bf16() -> None:
-    warnings.warn("precision bf16: this CPU has no bfloat16 units, so its bf16 matmuls are emulated, "
-                  "slower than --precision fp32 (auto picks fp32 here)", PrecisionWarning, stacklevel=3)
+    warn("precision bf16: this CPU has no bfloat16 units, so its bf16 matmuls are emulated, "
+         "slower than --precision fp32 (auto picks fp32 here)", PrecisionWarning)
 
 
 class PrecisionWarning(UserWarning):

@@ -4,10 +4,9 @@ TensorBoard scalars under ``RUN/tensorboard``."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
-from ..errors import ElmoError
+from ..errors import ElmoError, warn
 from ..io.fileio import atomic_path
 
 METRICS_NAME = "metrics.jsonl"
@@ -41,8 +40,7 @@ class MetricsLog:
         try:
             self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
         except OSError as e:  # installed but cannot write: say so once, keep training
-            warnings.warn(f"{Path(out_dir) / 'tensorboard'}: TensorBoard logging is off ({e.strerror or e})",
-                          stacklevel=2)
+            warn(f"{Path(out_dir) / 'tensorboard'}: TensorBoard logging is off ({e.strerror or e})")
 
     def record(self, entry: dict) -> None:
         self.file.write(json.dumps(entry) + "\n")
