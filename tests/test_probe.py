@@ -285,6 +285,58 @@ def test_pos_probe_beats_majority(fixture_model, tmp_path):
     assert p["ci"][0] <= p["diff"] <= p["ci"][1]
 
 
+def test_pos_probe_seeds_and_documents(fixture_model, tmp_path):
+    # Three probe seeds, resampled by document: each score is the seeds' mean, each seed's own
+    # score is kept, and the per-sentence counts with their documents reproduce the intervals.
+    from torchelmo.probe.pos import ProbeConfig, run_pos
+    from torchelmo.probe.stats import bootstrap_ci, paired_diff_ci, seed_mean
+    sets = [read_conllu(ewt(s), limit=n) for s, n in (("train", 200), ("dev", 60), ("test", 120))]
+    feats = [extract(fixture_model, [s.tokens for s in ss], tmp_path, name=n, progress=False)
+             for ss, n in zip(sets, "abc")]
+    docs = [s.doc for s in sets[2]]
+    assert all(docs) and 3 < len(set(docs)) < len(docs)        # EWT names its documents
+    cfg = ProbeConfig(max_epochs=4, lr=3e-3, n_boot=300, seeds=3)
+    r = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=lambda m: None, groups=docs)
+    u = r["units"]
+    assert u["seeds"] == 3 and u["resampled"] == "documents" and u["documents"] == docs
+    assert r["n_test_documents"] == len(set(docs))
+    for name in ("E0", "E1", "E2", "mix"):
+        s = r["mix"] if name == "mix" else r["layers"][name]
+        c = np.array(u["counts"][name])
+        assert c.shape == (120, 6) and len(s["seeds"]) == 3 and len(s["fits"]) == 3
+        assert s["acc"] == pytest.approx(np.mean(s["seeds"]))
+        assert [c[:, 2 * k].sum() / c[:, 2 * k + 1].sum() for k in range(3)] == pytest.approx(s["seeds"])
+        assert s["sd"] == pytest.approx(np.std(s["seeds"], ddof=1))
+        assert s["ci"] == list(bootstrap_ci(c, seed_mean(accuracy_from_counts, 2), 300, groups=docs)[1:])
+    assert len(set(r["layers"]["E2"]["seeds"])) > 1           # the seeds train different probes
+    assert len(r["mix"]["seed_weights"]) == 3
+    assert r["mix"]["weights"] == pytest.approx(np.mean(r["mix"]["seed_weights"], 0).tolist())
+    d = paired_diff_ci(np.array(u["counts"]["E1"]), np.array(u["counts"]["E2"]),
+                       seed_mean(accuracy_from_counts, 2), 300, groups=docs)
+    assert [r["paired"]["E2-E1"]["diff"], *r["paired"]["E2-E1"]["ci"]] == pytest.approx(list(d))
+    # By document the interval is wider than by sentence (sentences of a document are alike).
+    by_sentence = bootstrap_ci(np.array(u["counts"]["E2"]), seed_mean(accuracy_from_counts, 2), 300)
+    ci = r["layers"]["E2"]["ci"]
+    assert ci[1] - ci[0] > 0.8 * (by_sentence[2] - by_sentence[1])
+    with pytest.raises(ElmoError, match="seeds must be a positive integer"):
+        run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), ProbeConfig(seeds=0), log=lambda m: None)
+
+
+def test_units_go_beside_the_results(tmp_path):
+    from torchelmo.probe.report import UNITS_NAME, load_results, write_results
+    units = {"k": 2, "seeds": 1, "resampled": "units", "documents": None, "counts": {"E1": [[1, 2]]}}
+    write_results(tmp_path / "results.json", {"pos": {"E1": 0.5, "details": {"trained": {"units": units}}},
+                                              "model": {"path": "m"}})
+    assert load_results(tmp_path / "results.json") == {"pos": {"E1": 0.5, "details": {"trained": {}}},
+                                                       "model": {"path": "m"}}
+    side = json.loads((tmp_path / UNITS_NAME).read_text())
+    assert side == {"pos/details/trained": units}
+    # Another task's run keeps the first task's counts; a rerun of the task replaces them.
+    write_results(tmp_path / "results.json", {"deps": {"details": {"trained": {"uas": {"units": units}}}}})
+    assert set(json.loads((tmp_path / UNITS_NAME).read_text())) == {"pos/details/trained",
+                                                                    "deps/details/trained/uas"}
+
+
 def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
     from torchelmo.probe.wsd import read_raganato, read_sense_index, run_wsd
     d = ("data", "wsd", "semcor")

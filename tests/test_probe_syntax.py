@@ -128,6 +128,22 @@ def test_conllu_trees_skip_ranges_and_empty_nodes(tmp_path):
 
 
 @pytest.mark.core
+def test_conllu_sentences_know_their_documents(tmp_path):
+    # '# newdoc id' names the document of the sentences after it; without one, the sent_id less
+    # its sentence number (UD EWT's weblog-...-0001).
+    text = conllu_text(toy(4, 0)).split("# sent_id = ")
+    p = tmp_path / "d.conllu"
+    p.write_text("# newdoc id = A\n# sent_id = " + text[1] + "# sent_id = " + text[2]
+                 + "# newdoc id = B\n# sent_id = " + "# sent_id = ".join(text[3:]))
+    assert [s.doc for s in read_conllu(p)] == ["A", "A", "B", "B"]
+    assert [s.doc for s in read_conllu_trees(p)] == ["A", "A", "B", "B"]
+    q = tmp_path / "e.conllu"
+    q.write_text(conllu_text(toy(3, 0)).replace("# sent_id = s0", "# sent_id = blog-x_2004-0001")
+                 .replace("# sent_id = s1", "# sent_id = blog-x_2004-0002"))
+    assert [s.doc for s in read_conllu(q)] == ["blog-x_2004", "blog-x_2004", "s2"]
+
+
+@pytest.mark.core
 @pytest.mark.parametrize("head, rel, message", [
     ("7", "det", r"t\.conllu:3: word 2 has head '7'; expected 0 \(ROOT\) or another word of the sentence "
                  r"\(1\.\.2\)"),
@@ -278,6 +294,19 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
                  "Expected ordering E1 > E2 for Dependency arcs", "| baseline: left neighbour |"):
         assert head in report
     assert (out / "deps_uas_layers.png").is_file() and (out / "mix_weights.png").is_file()
+    # Two probe seeds, resampled by document (here each sentence is one): each seed's score kept,
+    # and the per-sentence counts beside the results.
+    assert main(["probe", "deps", "--train", str(files["train"]), "--dev", str(files["dev"]), "--test",
+                 str(files["test"]), "--model", str(allennlp_dir), "--out", str(out), "--no-control",
+                 "--cache", str(tmp_path / "c"), "--n-boot", "50", "--max-epochs", "2", "-qq",
+                 "--probe-seeds", "2", "--resample", "documents"]) == 0
+    res = json.loads((out / "results.json").read_text())["deps"]
+    assert len(res["uas"]["details"]["trained"]["layers"]["E1"]["seeds"]) == 2 and res["n_test_documents"] == 8
+    units = json.loads((out / "units.json").read_text())["deps/uas/details/trained"]
+    assert units["seeds"] == 2 and units["documents"] == [f"s{k}" for k in range(8)]
+    assert len(units["counts"]["E1"]) == 8 and len(units["counts"]["E1"][0]) == 4
+    assert "Each probe trained with 2 seeds, the score their mean" in (out / "report.md").read_text()
+    assert "intervals resample the test documents" in (out / "report.md").read_text()
     # Nothing to default the files from: a one-line error.
     capsys.readouterr()
     assert main(["probe", "deps", "--model", str(allennlp_dir), "--out", str(out), "--no-control", "-q"]) == 1

@@ -192,20 +192,33 @@ def _log(args):
     return print if show_summary(args) else (lambda m: None)
 
 
+def documents(args, test, task: str) -> list[str] | None:
+    """Each test sentence's document for ``--resample documents`` (None: units are resampled)."""
+    if args.resample != "documents":
+        return None
+    docs = [s.doc for s in test]
+    missing = sum(1 for d in docs if not d)
+    if missing:
+        raise ElmoError(f"{task}: --resample documents: {missing} of {len(docs)} test sentences name no "
+                        "document (CoNLL-U: '# newdoc id' or '# sent_id' comments)")
+    return docs
+
+
 def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
     """The POS probe (:func:`~.pos.run_pos`) of each model on (train, dev, test) tagged sentences;
     features cached as ``{task}-{split}``."""
     from ..probe.features import extract
     from ..probe.pos import ProbeConfig, run_pos
     from ..probe.report import summarize_pos
-    cfg = ProbeConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
+    cfg = ProbeConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot, seeds=args.probe_seeds)
+    groups = documents(args, sets[2], task)
     out = {}
     for name, m in models.items():
         if show_progress(args):
             print(f"{task}: {name} model")
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"{task}-{split}", max_tokens=args.max_tokens,
                          progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
-        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log,
+        out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log, groups=groups,
                             label=f"tag:{args.name}" if task == "tag" and getattr(args, "name", None) else task)
     return summarize_pos(out["trained"], out.get("control_random"))
 
@@ -241,7 +254,8 @@ def _deps(args, models, cache) -> dict:
     from ..probe.report import summarize_deps
     _ud_defaults(args, getattr(args, "data", None))
     sets = [read_conllu_trees(p, limit=n) for p, n in zip((args.train, args.dev, args.test), _limits(args.limit))]
-    cfg = DepsConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot)
+    cfg = DepsConfig(max_epochs=args.max_epochs, seed=args.seed, n_boot=args.n_boot, seeds=args.probe_seeds)
+    groups = documents(args, sets[2], "deps")
     out = {}
     for name, m in models.items():
         if show_progress(args):
@@ -249,7 +263,7 @@ def _deps(args, models, cache) -> dict:
         # Named like the POS probe's features: the same words, so one extraction serves both.
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"pos-{split}", max_tokens=args.max_tokens,
                          progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
-        out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args))
+        out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args), groups=groups)
     res = summarize_deps(out["trained"], out.get("control_random"))
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "limit": args.limit}
     return res

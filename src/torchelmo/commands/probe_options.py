@@ -25,6 +25,12 @@ def common_args(q):
     q.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32", help=PRECISION_HELP)
     q.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per biLM batch")
     q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
+    q.add_argument("--probe-seeds", type=positive_int, default=1,
+                   help="probes trained per layer, seeds --seed .. --seed + N - 1; each score is their "
+                        "mean, with the spread over seeds (default 1; POS, tags and dependencies)")
+    q.add_argument("--resample", choices=["units", "documents"], default="units",
+                   help="what the bootstrap draws: the test units (sentences) or the documents that "
+                        "hold them, where the data names them (default units)")
     add_quiet_args(q)
 
 

@@ -7,6 +7,7 @@ Malformed input raises :class:`~torchelmo.errors.ElmoError` naming the file and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,10 @@ class TaggedSentence:
     tokens: list[str]
     tags: list[str]
     line: int = 0  # 1-based line where the sentence starts (for messages)
+    doc: str = ""  # the document it belongs to ("" where the file does not say)
+
+
+_SENT_NUMBER = re.compile(r"[-_.]\d+$")   # a sent_id's sentence number: weblog-...-0001
 
 
 def _open_lines(path: str | Path):
@@ -32,23 +37,35 @@ def _open_lines(path: str | Path):
 
 
 def _conllu_words(path: Path, lines: list[str], limit: int | None):
-    """Sentences of a CoNLL-U file as lists of ``(line number, 10 columns)``, syntactic words only.
+    """Sentences of a CoNLL-U file as ``(words, doc)``: the words as ``(line number, 10 columns)``,
+    syntactic words only; the document, the last ``# newdoc id`` before the sentence, else its
+    ``# sent_id`` without the trailing sentence number, else "".
 
     Multi-word token ranges (``1-2``) are skipped, their parts kept, and empty nodes (``8.1``,
     enhanced graphs only) skipped, as UD's word counts do. Word ids must run 1, 2, ...
     """
     words: list[tuple[int, list[str]]] = []
     n_out = 0
+    newdoc: str | None = None
+    sent_id = ""
+
+    def doc() -> str:
+        return newdoc if newdoc is not None else _SENT_NUMBER.sub("", sent_id)
     for i, line in enumerate(lines, 1):
         if limit is not None and n_out >= limit:
             return
         if not line.strip():
             if words:
-                yield words
+                yield words, doc()
                 n_out += 1
-            words = []
+            words, sent_id = [], ""
             continue
         if line.startswith("#"):
+            key, _, value = line[1:].partition("=")
+            if key.strip() == "newdoc id":
+                newdoc = value.strip()
+            elif key.strip() == "sent_id":
+                sent_id = value.strip()
             continue
         cols = line.split("\t")
         if len(cols) != 10:
@@ -65,7 +82,7 @@ def _conllu_words(path: Path, lines: list[str], limit: int | None):
             raise ElmoError(f"{path}:{i}: word {wid} has no form")
         words.append((i, cols))
     if words and (limit is None or n_out < limit):
-        yield words
+        yield words, doc()
 
 
 def read_conllu(path: str | Path, tagset: str = "upos", limit: int | None = None) -> list[TaggedSentence]:
@@ -80,11 +97,11 @@ def read_conllu(path: str | Path, tagset: str = "upos", limit: int | None = None
         raise ElmoError(f"tagset must be 'upos' or 'xpos', got {tagset!r}")
     path, lines = _open_lines(path)
     out: list[TaggedSentence] = []
-    for words in _conllu_words(path, lines, limit):
+    for words, doc in _conllu_words(path, lines, limit):
         for i, cols in words:
             if cols[col] in ("", "_"):
                 raise ElmoError(f"{path}:{i}: word {cols[0]} has no {tagset.upper()}")
-        out.append(TaggedSentence([c[1] for _, c in words], [c[col] for _, c in words], words[0][0]))
+        out.append(TaggedSentence([c[1] for _, c in words], [c[col] for _, c in words], words[0][0], doc))
     if not out:
         raise ElmoError(f"{path}: no sentences found")
     return out
@@ -99,6 +116,7 @@ class DepSentence:
     heads: list[int]
     rels: list[str]
     line: int = 0
+    doc: str = ""
 
 
 def read_conllu_trees(path: str | Path, limit: int | None = None) -> list[DepSentence]:
@@ -109,7 +127,7 @@ def read_conllu_trees(path: str | Path, limit: int | None = None) -> list[DepSen
     """
     path, lines = _open_lines(path)
     out: list[DepSentence] = []
-    for words in _conllu_words(path, lines, limit):
+    for words, doc in _conllu_words(path, lines, limit):
         n = len(words)
         heads, rels = [], []
         for i, cols in words:
@@ -121,7 +139,7 @@ def read_conllu_trees(path: str | Path, limit: int | None = None) -> list[DepSen
                 raise ElmoError(f"{path}:{i}: word {cols[0]} has no DEPREL")
             heads.append(int(head))
             rels.append(rel)
-        out.append(DepSentence([c[1] for _, c in words], heads, rels, words[0][0]))
+        out.append(DepSentence([c[1] for _, c in words], heads, rels, words[0][0], doc))
     if not out:
         raise ElmoError(f"{path}: no sentences found")
     return out

@@ -29,7 +29,7 @@ from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .conll import DepSentence
 from .features import Features
-from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
+from .stats import UnitScores, accuracy_from_counts
 
 TASKS = ("uas", "labels")
 
@@ -45,6 +45,7 @@ class DepsConfig:
     mix_l2: float = 0.001      # the paper's lambda * ||s||^2 on the mix scalars
     seed: int = 0
     n_boot: int = 1000
+    seeds: int = 1             # probes trained per input (seeds seed .. seed + seeds - 1), scored as their mean
 
 
 def universal(rel: str) -> str:
@@ -229,7 +230,8 @@ def _check_inputs(features: tuple[Features, Features, Features],
 def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
     what = "UAS" if task == "uas" else "label acc"
     log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
-        f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']})"
+        f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']}"
+        + (f", sd over {len(r['seeds'])} seeds {r['sd']:.4f})" if len(r.get("seeds", ())) > 1 else ")")
         + (f", softmax(s) = {[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}"
            if "weights" in r else ""))
 
@@ -237,15 +239,19 @@ def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
 def run_deps(train: Features, dev: Features, test: Features,
              trees: tuple[Sequence[DepSentence], Sequence[DepSentence], Sequence[DepSentence]],
              cfg: DepsConfig | None = None, log: Callable[[str], None] = print,
-             layers: list[int] | None = None, mix: bool = True) -> dict:
+             layers: list[int] | None = None, mix: bool = True, groups: list[str] | None = None) -> dict:
     """Arc (UAS) and label probes per layer and through the mix; ``trees`` = (train, dev, test).
 
     Returns ``{"uas": {...}, "labels": {...}, ...}``, each shaped like :func:`~.pos.run_pos`'s
-    result: ``layers`` (per layer ``acc``, ``ci`` and the fit), ``paired`` (E2 - E1), ``mix``
-    (with ``weights`` and ``gamma``).
+    result: ``layers`` (per layer ``acc``, ``ci``, each seed's score and the fit), ``paired``
+    (E2 - E1), ``mix`` (with ``weights`` and ``gamma``), ``units`` (the per-sentence counts).
+    ``cfg.seeds`` probes per input, scored as their mean; ``groups``: each test sentence's
+    document, to resample documents instead of sentences.
     """
     cfg = cfg or DepsConfig()
     _check_inputs((train, dev, test), trees)
+    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
+        raise ElmoError(f"deps: seeds must be a positive integer, got {cfg.seeds!r}")
     rels = sorted({universal(r) for s in trees[0] for r in s.rels})
     if len(rels) < 2:
         raise ElmoError(f"deps: the training set has {len(rels)} distinct relation(s); need at least 2")
@@ -257,53 +263,77 @@ def run_deps(train: Features, dev: Features, test: Features,
     res: dict = {"n_train_words": int(len(d_tr.heads)), "n_test_words": int(len(d_te.heads)),
                  "n_test_sentences": d_te.n_sentences, "config": asdict(cfg),
                  "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}}}
-    unit_counts: dict[str, dict[str, np.ndarray]] = {t: {} for t in TASKS}
+    if groups is not None:
+        res["n_test_documents"] = len(set(groups))
+    scores = {task: UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed) for task in TASKS}
+    where = "test documents" if groups is not None else "test sentences"
 
-    def score(task: str, correct: np.ndarray, name: str | None = None) -> dict:
-        counts = sentence_counts(correct, d_te.offsets)
-        if name is not None:
-            unit_counts[task][name] = counts
-        acc, lo, hi = bootstrap_ci(counts, accuracy_from_counts, cfg.n_boot, seed=cfg.seed)
-        return {"acc": acc, "ci": [lo, hi]}
+    def baseline(correct: np.ndarray) -> dict:
+        s = UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed)
+        s.add("b", sentence_counts(correct, d_te.offsets))
+        r = s.score("b", "acc")
+        return {"acc": r["acc"], "ci": r["ci"]}
 
-    res["uas"]["baselines"] = {f"{side} neighbour": score("uas", neighbour_heads(d_te.offsets, k) == d_te.heads)
+    res["uas"]["baselines"] = {f"{side} neighbour": baseline(neighbour_heads(d_te.offsets, k) == d_te.heads)
                                for side, k in (("left", -1), ("right", 1))}
     majority = int(np.bincount(d_tr.labels).argmax())
-    res["labels"]["majority"] = {"label": rels[majority], **score("labels", d_te.labels == majority)}
+    res["labels"]["majority"] = {"label": rels[majority], **baseline(d_te.labels == majority)}
     log("deps: baselines: UAS " + ", ".join(f"{k} {v['acc']:.4f}" for k, v in res["uas"]["baselines"].items())
         + f"; labels majority ({rels[majority]}) {res['labels']['majority']['acc']:.4f}")
 
     def probe(task: str, encoder: Encoder) -> nn.Module:
-        torch.manual_seed(cfg.seed)
         if task == "uas":
             return ArcScorer(encoder, F, cfg.rank)
         return LabelScorer(encoder, F, len(rels))
 
+    def fits(task: str, name: str, run: Callable[[], tuple[nn.Module, dict, np.ndarray]]) -> tuple[dict, list]:
+        """``cfg.seeds`` fits of one probe, scored; the first seed's fit details, and each seed's."""
+        infos, models = [], []
+        for s in range(cfg.seeds):
+            torch.manual_seed(cfg.seed + s)
+            model, info, correct = run()
+            scores[task].add(name, sentence_counts(correct, d_te.offsets))
+            infos.append(info)
+            models.append(model)
+        r = {**scores[task].score(name, "acc"), **infos[0]}
+        if cfg.seeds > 1:
+            r["fits"] = infos
+        return r, models
+
     for k in layers:
         x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
-        norm = Standardize.fit(x_tr)   # fixed statistics: the two probes may share it
+        norm = Standardize.fit(x_tr)   # fixed statistics: the probes may share it
         for task in TASKS:
-            model = probe(task, Encoder(norm))
-            info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
-            r = {**score(task, evaluate(model, x_te, d_te), names[k]), **info}
+            def run(task=task, x_tr=x_tr, x_dev=x_dev, x_te=x_te, norm=norm):
+                model = probe(task, Encoder(norm))
+                info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
+                return model, info, evaluate(model, x_te, d_te)
+            r, _ = fits(task, names[k], run)
             res[task]["layers"][names[k]] = r
             _show(log, task, names[k], r)
     for task in TASKS:
-        if "E1" in unit_counts[task] and "E2" in unit_counts[task]:
-            d, lo, hi = paired_diff_ci(unit_counts[task]["E1"], unit_counts[task]["E2"], accuracy_from_counts,
-                                       cfg.n_boot, seed=cfg.seed)
-            res[task]["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
-            log(f"deps: {task} E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
+        if "E1" in scores[task].counts and "E2" in scores[task].counts:
+            p = res[task]["paired"] = {"E2-E1": scores[task].paired("E1", "E2")}
+            d, (lo, hi) = p["E2-E1"]["diff"], p["E2-E1"]["ci"]
+            log(f"deps: {task} E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
     if mix:
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
         norm = Standardize.fit(x_tr, token_axis=1)
         for task in TASKS:
-            model = probe(task, Encoder(norm, L))
-            info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg, token_axis=1,
-                             penalty=lambda m=model: m.encoder.mix.l2_penalty(cfg.mix_l2))
-            mx = model.encoder.mix
-            r = {**score(task, evaluate(model, x_te, d_te, token_axis=1)), **info,
-                 "weights": mx.weights(), "gamma": mx.gamma_value()}
+            def run_mix(task=task):
+                model = probe(task, Encoder(norm, L))
+                mixer = model.encoder.mix
+                info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg, token_axis=1,
+                                 penalty=lambda: mixer.l2_penalty(cfg.mix_l2))
+                return model, info, evaluate(model, x_te, d_te, token_axis=1)
+            r, models = fits(task, "mix", run_mix)
+            mixes = [m.encoder.mix for m in models]
+            r["weights"] = np.mean([mx.weights() for mx in mixes], axis=0).tolist()
+            r["gamma"] = float(np.mean([mx.gamma_value() for mx in mixes]))
+            if cfg.seeds > 1:
+                r["seed_weights"] = [mx.weights() for mx in mixes]
             res[task]["mix"] = r
             _show(log, task, "mix", r)
+    for task in TASKS:
+        res[task]["units"] = scores[task].units()
     return res

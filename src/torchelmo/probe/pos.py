@@ -20,7 +20,7 @@ from ..errors import ElmoError
 from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .features import Features
-from .stats import accuracy_from_counts, bootstrap_ci, paired_diff_ci
+from .stats import UnitScores, accuracy_from_counts
 
 
 @dataclass
@@ -33,6 +33,7 @@ class ProbeConfig:
     mix_l2: float = 0.001      # the paper's lambda * ||s||^2 on the mix scalars
     seed: int = 0
     n_boot: int = 1000
+    seeds: int = 1             # probes trained per input (seeds seed .. seed + seeds - 1), scored as their mean
 
 
 class MixLinear(nn.Module):
@@ -111,61 +112,95 @@ def encode_tags(tags_train: list[list[str]], *others: list[list[str]]) -> tuple[
 def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, list, list],
             cfg: ProbeConfig | None = None, layers: list[int] | None = None, mix: bool = True,
             log: Callable[[str], None] = print, units: dict[str, np.ndarray] | None = None,
-            label: str = "pos") -> dict:
+            label: str = "pos", groups: list[str] | None = None) -> dict:
     """Per-layer linear probes and the mix probe; ``tags`` = (train, dev, test) tag lists per sentence;
     ``label`` begins each line it logs and each error (``elmo probe tag``: the tag set's name).
 
+    Each probe is trained ``cfg.seeds`` times (seeds ``cfg.seed`` on) and scored as the mean of
+    their test accuracies, with a bootstrap interval over test sentences or, with ``groups`` (each
+    test sentence's document), over documents; ``res["units"]`` holds the per-sentence counts.
     ``units``, if given, receives each probe's per-test-sentence ``(correct, tokens)`` counts
-    (``(S, 2)``, keyed ``E0``.. and ``mix``), to pair it with another run on the same test set."""
+    (``(S, 2 * seeds)``, keyed ``E0``.. and ``mix``), to pair it with another run on the same test set."""
     cfg = cfg or ProbeConfig()
     for name, f, t in (("train", train, tags[0]), ("dev", dev, tags[1]), ("test", test, tags[2])):
         if f.offsets is None or f.n != sum(len(s) for s in t):
             raise ElmoError(f"{label}: {name} features ({f.n} rows) do not match its tags "
                             f"({sum(len(s) for s in t)} tokens)")
+    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
+        raise ElmoError(f"{label}: seeds must be a positive integer, got {cfg.seeds!r}")
     labels, (y_tr, y_dev, y_te) = encode_tags(*tags)
     if len(labels) < 2:
         raise ElmoError(f"{label}: the training set has {len(labels)} distinct tag(s); need at least 2")
     L, F = train.num_layers, train.dim
     layers = list(range(L)) if layers is None else layers
     names = layer_names(L)
+    scores = UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed)
     res: dict = {"labels": labels, "n_train_tokens": int(len(y_tr)), "n_test_tokens": int(len(y_te)),
                  "n_test_sentences": int(len(test.offsets) - 1), "config": asdict(cfg), "layers": {}}
+    if groups is not None:
+        res["n_test_documents"] = len(set(groups))
+    where = "test documents" if groups is not None else "test sentences"
 
-    unit_counts: dict[str, np.ndarray] = {} if units is None else units
+    def counts(pred: np.ndarray) -> np.ndarray:
+        return sentence_counts(pred == y_te, test.offsets)
 
-    def score(pred: np.ndarray, name: str | None = None) -> dict:
-        counts = sentence_counts(pred == y_te, test.offsets)
-        if name is not None:
-            unit_counts[name] = counts
-        acc, lo, hi = bootstrap_ci(counts, accuracy_from_counts, cfg.n_boot, seed=cfg.seed)
-        return {"acc": acc, "ci": [lo, hi]}
+    def fits(make: Callable[[], tuple[nn.Module, dict]], name: str) -> dict:
+        """``cfg.seeds`` fits of one probe, scored; the first seed's fit details, and each seed's."""
+        infos = []
+        for s in range(cfg.seeds):
+            torch.manual_seed(cfg.seed + s)
+            model, info, pred = make()
+            scores.add(name, counts(pred))
+            infos.append({**info, "model": model})
+        r = {**scores.score(name, "acc"), **{k: v for k, v in infos[0].items() if k != "model"}}
+        if cfg.seeds > 1:
+            r["fits"] = [{k: v for k, v in i.items() if k != "model"} for i in infos]
+        r["_models"] = [i["model"] for i in infos]
+        return r
 
     majority = int(np.bincount(y_tr).argmax())
-    res["majority"] = {"tag": labels[majority], **score(np.full_like(y_te, majority))}
+    baseline = UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed)
+    baseline.add("majority", counts(np.full_like(y_te, majority)))
+    res["majority"] = {"tag": labels[majority], **{k: v for k, v in baseline.score("majority", "acc").items()
+                                                   if k in ("acc", "ci")}}
     log(f"{label}: majority-class baseline ({labels[majority]}) test acc {res['majority']['acc']:.4f}")
 
+    def spread(r: dict) -> str:
+        return f", sd over {cfg.seeds} seeds {r['sd']:.4f}" if cfg.seeds > 1 else ""
+
     for k in layers:
-        torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
-        model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr, x_dev, y_dev, cfg)
-        r = {**score(predict(model, x_te), names[k]), **info}
+
+        def make(x_tr=x_tr, x_dev=x_dev, x_te=x_te):
+            model, info = fit_classifier(linear_probe(x_tr, len(labels)), x_tr, y_tr, x_dev, y_dev, cfg)
+            return model, info, predict(model, x_te)
+        r = fits(make, names[k])
+        r.pop("_models")
         res["layers"][names[k]] = r
         log(f"{label}: {names[k]} test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
-            f"(dev {info['dev_acc']:.4f}, epoch {info['best_epoch']})")
-    if "E1" in unit_counts and "E2" in unit_counts:
-        d, lo, hi = paired_diff_ci(unit_counts["E1"], unit_counts["E2"], accuracy_from_counts, cfg.n_boot,
-                                   seed=cfg.seed)
-        res["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
-        log(f"{label}: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test sentences)")
+            f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']}{spread(r)})")
+    if "E1" in scores.counts and "E2" in scores.counts:
+        res["paired"] = {"E2-E1": scores.paired("E1", "E2")}
+        d, (lo, hi) = res["paired"]["E2-E1"]["diff"], res["paired"]["E2-E1"]["ci"]
+        log(f"{label}: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
     if mix:
-        torch.manual_seed(cfg.seed)
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
-        model = MixLinear(Standardize.fit(x_tr, token_axis=1), L, F, len(labels))
-        model, info = fit_classifier(model, x_tr, y_tr, x_dev, y_dev, cfg, token_axis=1,
-                                     penalty=lambda: model.mix.l2_penalty(cfg.mix_l2))
-        r = {**score(predict(model, x_te, token_axis=1), "mix"), **info,
-             "weights": model.mix.weights(), "gamma": model.mix.gamma_value()}
+
+        def make_mix():
+            model = MixLinear(Standardize.fit(x_tr, token_axis=1), L, F, len(labels))
+            model, info = fit_classifier(model, x_tr, y_tr, x_dev, y_dev, cfg, token_axis=1,
+                                         penalty=lambda: model.mix.l2_penalty(cfg.mix_l2))
+            return model, info, predict(model, x_te, token_axis=1)
+        r = fits(make_mix, "mix")
+        models = r.pop("_models")
+        r["weights"] = np.mean([m.mix.weights() for m in models], axis=0).tolist()
+        r["gamma"] = float(np.mean([m.mix.gamma_value() for m in models]))
+        if cfg.seeds > 1:
+            r["seed_weights"] = [m.mix.weights() for m in models]
         res["mix"] = r
         log(f"{label}: mix test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
-            f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}")
+            f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}{spread(r)}")
+    if units is not None:
+        units.update({n: np.concatenate(c, axis=1) for n, c in scores.counts.items()})
+    res["units"] = scores.units()
     return res

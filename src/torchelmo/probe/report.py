@@ -41,6 +41,8 @@ def summarize_deps(trained: dict, control: dict | None = None) -> dict:
                  "labels": {"majority": trained["labels"]["majority"]["acc"]}}
     out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in ("uas", "labels")}
     out["n_test_words"], out["config"] = trained["n_test_words"], trained["config"]
+    if "n_test_documents" in trained:
+        out["n_test_documents"] = trained["n_test_documents"]
     return out
 
 
@@ -77,6 +79,12 @@ def _summarize(trained: dict, control: dict | None, key: str, baseline: dict) ->
             out["gamma"] = trained["mix"]["gamma"]
         intervals["mix"] = trained["mix"]["ci"]
     out["intervals"] = intervals
+    runs = {name: r for name, r in [*trained["layers"].items(), *([("mix", trained["mix"])] if "mix" in trained else [])]}
+    n_seeds = max((len(r.get("seeds", ())) for r in runs.values()), default=1)
+    if n_seeds > 1:
+        out["seeds"], out["sd"] = n_seeds, {name: r["sd"] for name, r in runs.items()}
+    if "units" in trained:
+        out["resampled"] = trained["units"]["resampled"]
     if "paired" in trained:
         out["paired"] = trained["paired"]  # E2 - E1 with a paired-bootstrap interval
     out["baseline"] = baseline
@@ -112,9 +120,38 @@ def load_results(path: Path) -> dict:
     return read_json(path, "probe results file") if path.is_file() else {}
 
 
+UNITS_NAME = "units.json"
+
+
+def split_units(results: dict, where: str = "") -> tuple[dict, dict]:
+    """``results`` without its per-unit counts (every ``"units"`` entry, at any depth), and those
+    counts keyed by where they were (``"pos/details/trained"``)."""
+    kept, units = {}, {}
+    for key, value in results.items():
+        here = f"{where}/{key}" if where else str(key)
+        if key == "units" and isinstance(value, dict):
+            units[where] = value
+        elif isinstance(value, dict):
+            kept[key], inner = split_units(value, here)
+            units.update(inner)
+        else:
+            kept[key] = value
+    return kept, units
+
+
 def write_results(path: Path, results: dict) -> None:
+    """``results.json``, and beside it ``units.json``: the per-unit counts each interval was
+    computed from (kept from earlier runs of tasks not rerun)."""
+    kept, units = split_units(results)
+    side = path.parent / UNITS_NAME
+    if units:
+        old = read_json(side, "probe units file") if side.is_file() else {}
+        tasks = {w.split("/", 1)[0] for w in units}
+        merged = {w: u for w, u in old.items() if w.split("/", 1)[0] not in tasks} | units
+        with atomic_path(side) as tmp:
+            tmp.write_text(json.dumps(merged) + "\n")
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(results, indent=1) + "\n")
+        tmp.write_text(json.dumps(kept, indent=1) + "\n")
 
 
 def _inputs(s: dict) -> list[str]:
@@ -334,6 +371,14 @@ def _layer_section(task: str, s: dict, out_dir: Path, plots: bool = True) -> lis
         lines.append(f"| {n} | {_fmt(s[n], s['intervals'][n])} | {cc} | {p} |")
     for name, v in s.get("baseline", {}).items():
         lines.append(f"| baseline: {name.replace('_', ' ')} | {_fmt(v)} | | |")
+    how = []
+    if s.get("seeds", 1) > 1:
+        how.append(f"each probe trained with {s['seeds']} seeds, the score their mean (sd over seeds, points: "
+                   + ", ".join(f"{n} {100 * v:.2f}" for n, v in s["sd"].items()) + ")")
+    if "resampled" in s:
+        how.append(f"intervals resample the test {'documents' if s['resampled'] == 'documents' else 'units'}")
+    if how:
+        lines += ["", "; ".join(how).capitalize() + "."]
     if "mix_weights" in s:
         extra = f", gamma = {s['gamma']:.3f}" if "gamma" in s else ""
         if "mix_temperature" in s:

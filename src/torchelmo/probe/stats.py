@@ -100,3 +100,57 @@ def paired_diff_ci(counts_a: np.ndarray, counts_b: np.ndarray, stat: Callable[[n
     k = a.shape[1]
     return bootstrap_ci(np.concatenate([a, b], 1), lambda c: stat(c[..., k:]) - stat(c[..., :k]),
                         n_boot, level, seed, groups)
+
+
+class UnitScores:
+    """Each probe's per-unit counts over its seeds, scored the one way every task reports: the
+    mean over seeds of ``stat``, a bootstrap interval over units or, with ``groups``, over
+    documents, and paired differences on the same resamples. :meth:`units` is what it scored,
+    for anyone to recompute an interval.
+
+    ``k``: counts per unit (2 for accuracy, 3 for F1); ``groups``: each unit's document, or None.
+    """
+
+    def __init__(self, stat: Callable[[np.ndarray], np.ndarray], k: int, groups=None, n_boot: int = 1000,
+                 seed: int = 0) -> None:
+        self.stat, self.k, self.n_boot, self.seed = stat, k, n_boot, seed
+        self.groups = None if groups is None else [str(g) for g in groups]
+        self.counts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, name: str, counts: np.ndarray) -> None:
+        """One seed's ``(n_units, k)`` counts of probe ``name``."""
+        counts = np.asarray(counts, dtype=np.float64)
+        if counts.ndim != 2 or counts.shape[1] != self.k:
+            raise ElmoError(f"scores: {name}: need (n_units, {self.k}) counts, got {counts.shape}")
+        if self.groups is not None and len(counts) != len(self.groups):
+            raise ElmoError(f"scores: {name}: {len(counts)} units, but {len(self.groups)} documents given")
+        self.counts.setdefault(name, []).append(counts)
+
+    def _all(self, name: str) -> np.ndarray:
+        return np.concatenate(self.counts[name], axis=1)          # (n_units, k * seeds)
+
+    def score(self, name: str, key: str) -> dict:
+        """``{key: mean over seeds, "ci": [lo, hi], "seeds": [each seed's], "sd": spread}``."""
+        runs = self.counts[name]
+        est, lo, hi = bootstrap_ci(self._all(name), seed_mean(self.stat, self.k), self.n_boot, seed=self.seed,
+                                   groups=self.groups)
+        per_seed = [float(self.stat(c.sum(0))) for c in runs]
+        return {key: est, "ci": [lo, hi], "seeds": per_seed,
+                "sd": float(np.std(per_seed, ddof=1)) if len(runs) > 1 else 0.0}
+
+    def paired(self, a: str, b: str) -> dict:
+        """``b - a`` (means over seeds) with its paired interval."""
+        d, lo, hi = paired_diff_ci(self._all(a), self._all(b), seed_mean(self.stat, self.k), self.n_boot,
+                                   seed=self.seed, groups=self.groups)
+        return {"diff": d, "ci": [lo, hi]}
+
+    def units(self) -> dict:
+        """The per-unit counts (``name -> (n_units, k * seeds)``, seed after seed) and each
+        unit's document: what every interval above was computed from."""
+        return {"k": self.k, "seeds": max((len(v) for v in self.counts.values()), default=0),
+                "resampled": "documents" if self.groups is not None else "units",
+                "documents": self.groups, "counts": {n: _plain(self._all(n)) for n in self.counts}}
+
+
+def _plain(c: np.ndarray) -> list:
+    return c.astype(np.int64).tolist() if np.array_equal(c, np.round(c)) else c.tolist()

@@ -118,7 +118,7 @@ def read_treebank(path: str | Path, split: str | None = None, unescape: bool = T
                 raise ElmoError(f"{path}:{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             for line, leaves in parse_trees(text, f"{path}:{name}"):
                 words = [PTB_CODES.get(w, w) if unescape else w for w, _ in leaves]
-                out.append(TaggedSentence(words, [t for _, t in leaves], line))
+                out.append(TaggedSentence(words, [t for _, t in leaves], line, name))
                 if limit is not None and len(out) >= limit:
                     return out
     if not out:
