@@ -375,6 +375,23 @@ def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
     assert acc[0] > chance and min(acc[1], acc[2]) > max(chance + 0.025, acc[0] + 0.01), (acc, chance)
     assert r["mix"]["f1"] > r["layers"]["E0"]["f1"] - 0.02 and sum(r["mix"]["weights"]) == pytest.approx(1)
     assert sum(r["mix_grid"]["weights"]) == pytest.approx(1)
+    # The per-instance counts reproduce each score; resampled by document (Raganato's 26 test
+    # documents, 3 of them SemEval-2007's) the intervals come from the same counts.
+    from torchelmo.probe.stats import bootstrap_ci
+    from torchelmo.probe.wsd import f1_wsd, run_wsd as run
+    u = r["units"]
+    assert u["resampled"] == "instances" and u["documents"] is None and len(u["ids"]) == 7253
+    for name in ("E0", "E1", "E2", "mix"):
+        c = np.array(u["counts"][name])
+        assert f1_wsd(c.sum(0)) == pytest.approx((r["mix"] if name == "mix" else r["layers"][name])["f1"])
+    rd = run(sc, ftr, test, fte, first, n_boot=200, mix=False, log=lambda m: None, documents=True)
+    docs = rd["units"]["documents"]
+    assert len(set(docs)) == 26 and rd["units"]["resampled"] == "documents"
+    assert rd["layers"]["E2"]["f1"] == r["layers"]["E2"]["f1"]
+    want = bootstrap_ci(np.array(u["counts"]["E2"]), f1_wsd, 200, groups=docs)
+    assert rd["layers"]["E2"]["ci"] == [want[1], want[2]]
+    assert rd["paired"]["E2-E1 all"]["diff"] == r["paired"]["E2-E1 all"]["diff"]
+    assert rd["paired"]["E2-E1 all"]["ci"] != r["paired"]["E2-E1 all"]["ci"]
 
 
 def test_ner_tagger_learns_and_runs(fixture_model, tmp_path):

@@ -332,7 +332,8 @@ def _wsd(args, models, cache) -> dict:
         f_te = extract(m, test.sentences, cache, spans=test.spans, name="wsd-eval",
                        max_tokens=args.max_tokens, progress=show_progress(args))
         out[name] = run_wsd(semcor, f_tr, test, f_te, first, dev_prefix=args.dev_prefix,
-                            n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs)
+                            n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs,
+                            documents=args.resample == "documents")
     res = summarize_wsd(out["trained"], out.get("control_random"))
     res["data"] = {"semcor": str(args.semcor), "eval": str(args.eval), "sense_index": str(args.sense_index),
                    "dev_prefix": args.dev_prefix, "limit_semcor": args.limit_semcor}

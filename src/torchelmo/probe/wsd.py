@@ -123,10 +123,21 @@ def f1_wsd(c: np.ndarray) -> np.ndarray:
     return 2 * p * r / np.maximum(p + r, 1e-12)
 
 
-def _score(counts: np.ndarray, rows: np.ndarray | None, n_boot: int, seed: int) -> dict:
+def _score(counts: np.ndarray, rows: np.ndarray | None, n_boot: int, seed: int,
+           groups: np.ndarray | None = None) -> dict:
     c = counts if rows is None else counts[rows]
-    f1, lo, hi = bootstrap_ci(c, f1_wsd, n_boot, seed=seed)
+    g = groups if groups is None or rows is None else groups[rows]
+    f1, lo, hi = bootstrap_ci(c, f1_wsd, n_boot, seed=seed, groups=g)
     return {"f1": f1, "ci": [lo, hi], "n": int(len(c))}
+
+
+def instance_documents(corpus: WsdCorpus) -> np.ndarray:
+    """Each instance's document: ``<dataset>.<doc>`` of Raganato's ``<dataset>.<doc>.<sentence>.<token>``."""
+    docs = np.array([".".join(i.id.split(".")[:2]) for i in corpus.instances])
+    if any(i.id.count(".") < 3 for i in corpus.instances):
+        raise ElmoError(f"{corpus.path}: instance ids do not name their documents (expected "
+                        "<dataset>.<doc>.<sentence>.<token>)")
+    return docs
 
 
 # -- the mix -------------------------------------------------------------------------------------
@@ -242,6 +253,7 @@ class _TestScorer:
     rest_rows: np.ndarray
     n_boot: int
     seed: int
+    groups: np.ndarray | None = None         # each instance's document (None: instances resampled)
     datasets: list[str] = field(init=False)  # ids are "<dataset>.<doc>.<sentence>.<token>"
 
     def __post_init__(self) -> None:
@@ -253,11 +265,11 @@ class _TestScorer:
         return bool(len(self.dev_rows) and len(self.rest_rows))
 
     def __call__(self, counts: np.ndarray) -> dict:
-        test, n_boot, seed = self.test, self.n_boot, self.seed
-        r = {"all": _score(counts, None, n_boot, seed)}
+        test, n_boot, seed, g = self.test, self.n_boot, self.seed, self.groups
+        r = {"all": _score(counts, None, n_boot, seed, g)}
         if self.split:
-            r["dev"] = _score(counts, self.dev_rows, n_boot, seed)
-            r["all_minus_dev"] = _score(counts, self.rest_rows, n_boot, seed)
+            r["dev"] = _score(counts, self.dev_rows, n_boot, seed, g)
+            r["all_minus_dev"] = _score(counts, self.rest_rows, n_boot, seed, g)
         r["per_dataset"] = {d: float(f1_wsd(counts[test.subset(lambda i, d=d: i.id.startswith(d + "."))].sum(0)))
                             for d in self.datasets}
         r["f1"], r["ci"] = r["all"]["f1"], r["all"]["ci"]
@@ -270,16 +282,20 @@ class _TestScorer:
 def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats: Features,
             first_sense: dict[tuple[str, str], str], dev_prefix: str = "semeval2007.",
             layers: list[int] | None = None, mix: bool = True, n_boot: int = 1000, seed: int = 0,
-            mix_epochs: int = 4, log: Callable[[str], None] = print) -> dict:
-    """Per-layer 1-NN F1 on ``test`` (ALL), per dataset, and the learned mix."""
+            mix_epochs: int = 4, log: Callable[[str], None] = print, documents: bool = False) -> dict:
+    """Per-layer 1-NN F1 on ``test`` (ALL), per dataset, and the learned mix. ``documents``: the
+    bootstrap draws test documents instead of instances; ``res["units"]`` holds the per-instance
+    counts ``(correct, answered, 1)`` and each instance's document."""
     if test_feats.n != len(test.instances):
         raise ElmoError(f"wsd: {test_feats.n} feature rows for {len(test.instances)} test instances")
     inv = build_inventory(train, train_feats)
     L = train_feats.num_layers
     layers = list(range(L)) if layers is None else layers
     names = layer_names(L)
+    groups = instance_documents(test) if documents else None
     score = _TestScorer(test, test.subset(lambda i: i.id.startswith(dev_prefix)),
-                        test.subset(lambda i: not i.id.startswith(dev_prefix)), n_boot, seed)
+                        test.subset(lambda i: not i.id.startswith(dev_prefix)), n_boot, seed, groups)
+    where = "documents" if documents else "instances"
     res: dict = {"n_train_instances": len(train.instances), "n_senses": len(inv.keys),
                  "n_test_instances": len(test.instances), "n_dev_instances": int(len(score.dev_rows)),
                  "dev": dev_prefix.rstrip("."), "layers": {}}
@@ -309,9 +325,10 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
         res["paired"] = {}
         parts = {"all": slice(None), **({"all_minus_dev": score.rest_rows} if score.split else {})}
         for part, rows in parts.items():
-            d, lo, hi = paired_diff_ci(unit_counts["E1"][rows], unit_counts["E2"][rows], f1_wsd, n_boot, seed=seed)
+            d, lo, hi = paired_diff_ci(unit_counts["E1"][rows], unit_counts["E2"][rows], f1_wsd, n_boot, seed=seed,
+                                       groups=None if groups is None else groups[rows])
             res["paired"][f"E2-E1 {part}"] = {"diff": d, "ci": [lo, hi]}
-            log(f"wsd: E2 - E1 F1 ({part}) = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over instances)")
+            log(f"wsd: E2 - E1 F1 ({part}) = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
     if mix:
         if not len(score.dev_rows):
             raise ElmoError(f"wsd: the mix needs dev instances (ids starting {dev_prefix!r}) in the test set")
@@ -321,6 +338,11 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
         log(f"wsd: mix F1 ALL {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], ALL-{res['dev']} "
             f"{r['all_minus_dev']['f1']:.4f}, softmax(s) = {np.round(r['weights'], 3).tolist()}; "
             f"grid mix {np.round(g['weights'], 2).tolist()} F1 ALL {g['f1']:.4f}")
+        unit_counts["mix"] = r.pop("_counts")
+    res["units"] = {"k": 3, "seeds": 1, "resampled": where,
+                    "documents": None if groups is None else groups.tolist(),
+                    "ids": [i.id for i in test.instances], "dev_prefix": dev_prefix,
+                    "counts": {n: c.astype(np.int64).tolist() for n, c in unit_counts.items()}}
     return res
 
 
@@ -345,7 +367,9 @@ def _mixes(inv: SenseInventory, train: WsdCorpus, train_feats: Features, test_fe
 
     learned = learn_mix(inv, train, train_feats, scale, dev_eval, epochs=mix_epochs, seed=seed, log=log)
     x, sv = mixed(learned["weights"])
-    r = score.preds(predict_1nn(inv, test, x, sv, first_sense)[0])
+    counts = wsd_counts(test, predict_1nn(inv, test, x, sv, first_sense)[0])
+    r = score(counts)
+    r["_counts"] = counts
     r.update(weights=learned["weights"], temperature=learned["temperature"],
              best_epoch=learned["epoch"], dev_f1=learned["dev_f1"],
              uniform_dev_f1=learned["uniform_dev_f1"],
