@@ -185,6 +185,35 @@ def test_run_coref_learns_an_oracle_layer():
         run_coref(xs[0], xs[1], xs[1], tuple(sets), log=logs.append)
 
 
+@pytest.mark.core
+def test_run_coref_seeds_and_novels():
+    """Two seeds, resampled by novel: each score the seeds' mean, intervals from the stored counts."""
+    from torchelmo.probe.stats import bootstrap_ci, seed_mean
+    rng = np.random.default_rng(1)
+    docs = [synthetic(n, rng) for n in (8, 2, 5)]
+    sets = [build_pairs(ds) for ds in docs]
+    code = 4 * np.linalg.qr(rng.normal(size=(16, 16)))[0][:5]
+    xs = []
+    for ds in docs:
+        clean = np.stack([code[m.entity] for doc in ds for m in sorted(doc.mentions)]).astype(np.float32)
+        noise = rng.normal(size=clean.shape).astype(np.float32)
+        xs.append(np.stack([clean + 2.0 * noise, noise, clean + noise]).astype(np.float16))
+    cfg = CorefConfig(max_epochs=3, lr=1e-2, batch_size=256, n_boot=100, seeds=2, documents=True)
+    r = run_coref(*xs, tuple(sets), cfg, log=lambda m: None)
+    u = r["units"]
+    assert u["resampled"] == "documents" and u["seeds"] == 2
+    assert sorted(set(u["documents"])) == [f"d{k}" for k in range(5)] and len(u["documents"]) == sets[2].n_units
+    for name in ("E0", "E1", "E2", "mix"):
+        s = r["mix"] if name == "mix" else r["layers"][name]
+        c = np.array(u["counts"][name])
+        assert s["f1"] == pytest.approx(np.mean(s["seeds"])) and len(s["fits"]) == 2
+        assert s["ci"] == list(bootstrap_ci(c, seed_mean(f1_from_counts, 3), 100, groups=u["documents"])[1:])
+    assert len(r["mix"]["seed_weights"]) == 2
+    # By novel, the interval is as wide as five novels make it: wider than by mention.
+    by_mention = bootstrap_ci(np.array(u["counts"]["E2"]), seed_mean(f1_from_counts, 3), 100)
+    assert r["layers"]["E2"]["ci"][1] - r["layers"]["E2"]["ci"][0] > by_mention[2] - by_mention[1]
+
+
 def test_probe_coref_end_to_end(fixture_model, tmp_path):
     data = tmp_path / "litbank"
     data.mkdir()

@@ -277,7 +277,8 @@ def _coref(args, models, cache) -> dict:
         if getattr(args, "data", None) is None:
             raise ElmoError("--litbank: give LitBank's coreference folder, or --data for the one under it")
         folder = args.data / DATA_LAYOUT["litbank"]
-    cfg = CorefConfig(max_epochs=args.coref_epochs, seed=args.seed, n_boot=args.n_boot)
+    cfg = CorefConfig(max_epochs=args.coref_epochs, seed=args.seed, n_boot=args.n_boot, seeds=args.probe_seeds,
+                      documents=args.resample == "documents")
     out = {}
     for name, m in models.items():
         if show_progress(args):

@@ -27,10 +27,11 @@ def common_args(q):
     q.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
     q.add_argument("--probe-seeds", type=positive_int, default=1,
                    help="probes trained per layer, seeds --seed .. --seed + N - 1; each score is their "
-                        "mean, with the spread over seeds (default 1; POS, tags and dependencies)")
+                        "mean, with the spread over seeds (default 1; POS, tags, dependencies and coreference)")
     q.add_argument("--resample", choices=["units", "documents"], default="units",
-                   help="what the bootstrap draws: the test units (sentences) or the documents that "
-                        "hold them, where the data names them (default units)")
+                   help="what the bootstrap draws: the test units (sentences, WSD instances, "
+                        "coreference mentions) or the documents that hold them (novels for "
+                        "coreference), where the data names them (default units)")
     add_quiet_args(q)
 
 

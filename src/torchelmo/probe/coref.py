@@ -17,7 +17,7 @@ over test *mentions*: every mention with at least one candidate is a unit carryi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from ..model.mix import ScalarMix
 from .common import Standardize, fit_early_stopped, layer_names
 from .features import Features, Span
 from .litbank import CorefDocument, part_sizes, read_litbank, split_documents
-from .stats import bootstrap_ci, f1_from_counts, paired_diff_ci
+from .stats import UnitScores, f1_from_counts
 
 # -- mention pairs -------------------------------------------------------------------------------
 
@@ -53,6 +53,7 @@ class CorefSet:
     n_documents: int
     n_entities: int
     names: list[str] = field(default_factory=list)
+    unit_docs: list[str] = field(default_factory=list)   # (n_units,) each unit's document (novel)
 
     def summary(self) -> dict:
         return {"documents": self.n_documents, "sentences": len(self.sentences),
@@ -70,6 +71,7 @@ def build_pairs(docs: Sequence[CorefDocument], max_antecedents: int = 50) -> Cor
     spans: list[Span] = []
     heads: list[str] = []
     pairs, labels, units = [], [], []
+    unit_docs: list[str] = []
     n_units = n_anaphoric = n_entities = 0
     for doc in docs:
         base_s, base_m = len(sentences), len(spans)
@@ -86,11 +88,12 @@ def build_pairs(docs: Sequence[CorefDocument], max_antecedents: int = 50) -> Cor
             pairs.append(np.stack([base_m + i, np.full_like(i, base_m + j)], 1))
             labels.append(y)
             units.append(np.full_like(i, n_units))
+            unit_docs.append(doc.name)
             n_units += 1
             n_anaphoric += int(y.any())
     cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
     return CorefSet(sentences, spans, heads, cat(pairs, (0, 2)), cat(labels, (0,)), cat(units, (0,)),
-                    n_units, n_anaphoric, len(docs), n_entities, [d.name for d in docs])
+                    n_units, n_anaphoric, len(docs), n_entities, [d.name for d in docs], unit_docs)
 
 
 def unit_counts(pred: np.ndarray, labels: np.ndarray, units: np.ndarray, n_units: int) -> np.ndarray:
@@ -120,6 +123,8 @@ class CorefConfig:
     seed: int = 0
     n_boot: int = 1000
     max_antecedents: int = 50
+    seeds: int = 1             # probes trained per input (seeds seed .. seed + seeds - 1), scored as their mean
+    documents: bool = False    # the bootstrap draws test novels instead of mentions
 
 
 class PairProbe(nn.Module):
@@ -221,46 +226,70 @@ def run_coref(train: Features | np.ndarray, dev: Features | np.ndarray, test: Fe
     L, _, F = xs[0].shape
     layers = list(range(L)) if layers is None else layers
     names = layer_names(L)
+    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
+        raise ElmoError(f"coref: seeds must be a positive integer, got {cfg.seeds!r}")
     res: dict = {"counts": {k: cs.summary() for k, cs in zip(("train", "dev", "test"), sets)},
                  "config": asdict(cfg), "layers": {}, "baselines": {}}
-    per_unit: dict[str, np.ndarray] = {}
+    groups = te.unit_docs if cfg.documents else None
+    where = "test novels" if cfg.documents else "test mentions"
+    scores = UnitScores(f1_from_counts, 3, groups, cfg.n_boot, cfg.seed)
 
-    def score(pred: np.ndarray, name: str | None = None) -> dict:
-        c = unit_counts(pred, te.labels, te.units, te.n_units)
-        if name is not None:
-            per_unit[name] = c
-        f1, lo, hi = bootstrap_ci(c, f1_from_counts, cfg.n_boot, seed=cfg.seed)
+    def rates(c: np.ndarray) -> dict:
         tp, fp, fn = c.sum(0)
-        return {"f1": f1, "ci": [lo, hi], "precision": float(tp / max(tp + fp, 1)),
-                "recall": float(tp / max(tp + fn, 1))}
+        return {"precision": float(tp / max(tp + fp, 1)), "recall": float(tp / max(tp + fn, 1))}
 
     for key, pred, what in (("majority", np.zeros(len(te.labels), dtype=bool), "always 'different'"),
                             ("head_match", head_match(te), "same last token, any case")):
-        r = res["baselines"][key] = {**score(pred), "rule": what}
+        b = UnitScores(f1_from_counts, 3, groups, cfg.n_boot, cfg.seed)
+        c = unit_counts(pred, te.labels, te.units, te.n_units)
+        b.add(key, c)
+        s = b.score(key, "f1")
+        r = res["baselines"][key] = {"f1": s["f1"], "ci": s["ci"], **rates(c), "rule": what}
         log(f"coref: baseline {key} ({what}) test pairwise F1 {r['f1']:.4f} "
             f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]")
 
+    def fits(name: str, make: Callable[[], PairProbe], x_tr, x_dev, x_te) -> tuple[dict, list[PairProbe]]:
+        """``cfg.seeds`` fits of one probe, scored as their mean; precision and recall of each seed averaged."""
+        infos, models, prs = [], [], []
+        for s in range(cfg.seeds):
+            torch.manual_seed(cfg.seed + s)
+            model, info = fit_pair_probe(make(), x_tr, tr, x_dev, dv, replace(cfg, seed=cfg.seed + s))
+            c = unit_counts(predict_pairs(model, x_te, te.pairs), te.labels, te.units, te.n_units)
+            scores.add(name, c)
+            infos.append(info)
+            models.append(model)
+            prs.append(rates(c))
+        r = {**scores.score(name, "f1"), **{k: float(np.mean([p[k] for p in prs])) for k in prs[0]}, **infos[0]}
+        if cfg.seeds > 1:
+            r["fits"] = infos
+        return r, models
+
+    def spread(r: dict) -> str:
+        return f", sd over {cfg.seeds} seeds {r['sd']:.4f}" if cfg.seeds > 1 else ""
+
     t = [torch.from_numpy(x) for x in xs]
     for k in layers:
-        torch.manual_seed(cfg.seed)
         x_tr = t[0][k].float()
-        model = PairProbe(Standardize.fit(x_tr.numpy()), F)
-        model, info = fit_pair_probe(model, x_tr, tr, t[1][k], dv, cfg)
-        r = res["layers"][names[k]] = {**score(predict_pairs(model, t[2][k], te.pairs), names[k]), **info}
+        r, _ = fits(names[k], lambda x_tr=x_tr: PairProbe(Standardize.fit(x_tr.numpy()), F), x_tr, t[1][k], t[2][k])
+        res["layers"][names[k]] = r
         log(f"coref: {names[k]} test pairwise F1 {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
-            f"(P {r['precision']:.3f}, R {r['recall']:.3f}; dev {info['dev_f1']:.4f}, epoch {info['best_epoch']})")
-    if "E1" in per_unit and "E2" in per_unit:
-        d, lo, hi = paired_diff_ci(per_unit["E1"], per_unit["E2"], f1_from_counts, cfg.n_boot, seed=cfg.seed)
-        res["paired"] = {"E2-E1": {"diff": d, "ci": [lo, hi]}}
-        log(f"coref: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over test mentions)")
+            f"(P {r['precision']:.3f}, R {r['recall']:.3f}; dev {r['dev_f1']:.4f}, epoch {r['best_epoch']}"
+            f"{spread(r)})")
+    if "E1" in scores.counts and "E2" in scores.counts:
+        p = res["paired"] = {"E2-E1": scores.paired("E1", "E2")}
+        d, (lo, hi) = p["E2-E1"]["diff"], p["E2-E1"]["ci"]
+        log(f"coref: E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
     if mix:
-        torch.manual_seed(cfg.seed)
-        model = PairProbe(Standardize.fit(xs[0], token_axis=1), F, num_layers=L)
-        model, info = fit_pair_probe(model, t[0], tr, t[1], dv, cfg)
-        r = res["mix"] = {**score(predict_pairs(model, t[2], te.pairs)), **info,
-                          "weights": model.mix.weights(), "gamma": model.mix.gamma_value()}
+        r, models = fits("mix", lambda: PairProbe(Standardize.fit(xs[0], token_axis=1), F, num_layers=L),
+                         t[0], t[1], t[2])
+        r["weights"] = np.mean([m.mix.weights() for m in models], axis=0).tolist()
+        r["gamma"] = float(np.mean([m.mix.gamma_value() for m in models]))
+        if cfg.seeds > 1:
+            r["seed_weights"] = [m.mix.weights() for m in models]
+        res["mix"] = r
         log(f"coref: mix test pairwise F1 {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
-            f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}")
+            f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}{spread(r)}")
+    res["units"] = {**scores.units(), "documents": te.unit_docs}
     return res
 
 
