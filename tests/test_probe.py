@@ -378,7 +378,8 @@ def test_wsd_probe_on_a_slice(fixture_model, tmp_path):
     # The per-instance counts reproduce each score; resampled by document (Raganato's 26 test
     # documents, 3 of them SemEval-2007's) the intervals come from the same counts.
     from torchelmo.probe.stats import bootstrap_ci
-    from torchelmo.probe.wsd import f1_wsd, run_wsd as run
+    from torchelmo.probe.wsd import f1_wsd
+    from torchelmo.probe.wsd import run_wsd as run
     u = r["units"]
     assert u["resampled"] == "instances" and u["documents"] is None and len(u["ids"]) == 7253
     for name in ("E0", "E1", "E2", "mix"):

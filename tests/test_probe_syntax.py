@@ -326,20 +326,25 @@ def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_pa
     out = tmp_path / "out"
     base = ["probe", "all", "--model", str(allennlp_dir), "--data", str(data), "--out", str(out),
             "--cache", str(tmp_path / "c"), "--no-control", "--n-boot", "50", "--max-epochs", "2", "-qq"]
-    assert main(base + ["--tasks", "pos_wsj,deps"]) == 0
+    assert main(base + ["--tasks", "pos_wsj,deps,pos_xpos"]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert set(res) == {"model", "pos_wsj", "deps"}
+    assert set(res) == {"model", "pos_wsj", "deps", "pos_xpos"}
+    # UD EWT's PTB tags, on the features the UPOS probe extracts (one cache entry per split).
+    assert res["pos_xpos"]["details"]["trained"]["labels"] == [".", "DT", "NN", "VBZ"]
+    assert res["pos_xpos"]["data"]["tagset"] == "xpos"
+    assert {p.name.split("-")[0] for p in (tmp_path / "c").glob("*.h5")} == {"pos", "wsj"}
     assert res["pos_wsj"]["data"]["sentences"] == [30, 6, 6] and "mix_weights" in res["pos_wsj"]
     assert res["pos_wsj"]["details"]["trained"]["labels"] == [".", "DT", "NN", "VBZ"]
     report = (out / "report.md").read_text()
     assert "## WSJ POS (accuracy, %)" in report and "Paper's ordering E1 > E2 for WSJ POS" in report
     assert "| E1 |" in report.split("## WSJ POS")[1] and "## Dependency labels" in report
+    assert "Expected ordering E1 > E2 for UD EWT POS, PTB tags (XPOS)" in report
     # `probe report` redraws from results.json alone.
     (out / "report.md").unlink()
     assert main(["probe", "report", "--out", str(out)]) == 0 and (out / "report.md").read_text() == report
     capsys.readouterr()
     assert main(base + ["--tasks", "pos,parse"]) == 1
-    assert "unknown task(s) parse; choose from pos, pos_wsj, deps, wsd, coref, ner" in capsys.readouterr().err
+    assert "unknown task(s) parse; choose from pos, pos_xpos, pos_wsj, deps, wsd, coref, ner" in capsys.readouterr().err
     # All tasks by default; a missing input stops the run before the first task, naming the file.
     (out / "results.json").unlink()
     assert main(base) == 1 and not (out / "results.json").exists()

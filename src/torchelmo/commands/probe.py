@@ -31,7 +31,7 @@ DATA_LAYOUT = {  # relative to --data (the layout of ../shared/data)
             "ner/wnut17/emerging.test.annotated"],
     "litbank": "coref/litbank",
 }
-ALL_TASKS = ("pos", "pos_wsj", "deps", "wsd", "coref", "ner")  # `elmo probe all`, in this order
+ALL_TASKS = ("pos", "pos_xpos", "pos_wsj", "deps", "wsd", "coref", "ner")  # `elmo probe all`, in this order
 
 
 def add_subcommand(sub) -> None:
@@ -132,6 +132,7 @@ def _run_all(args) -> int:
                         f"choose from {', '.join(ALL_TASKS)}")
     # Every input checked before the first task: a missing file should not surface an hour in.
     inputs = {"pos": [args.train, args.dev, args.test], "deps": [args.train, args.dev, args.test],
+              "pos_xpos": [args.train, args.dev, args.test],
               "pos_wsj": [args.treebank], "wsd": [args.semcor, args.semcor_key, args.eval, args.sense_index],
               "ner": [args.ner_train, args.ner_dev, args.ner_test, *(args.corpus or [])],
               "coref": [args.litbank]}
@@ -204,9 +205,9 @@ def documents(args, test, task: str) -> list[str] | None:
     return docs
 
 
-def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
+def _tagging(args, models, cache, sets, task: str, log=print, features: str | None = None) -> dict:
     """The POS probe (:func:`~.pos.run_pos`) of each model on (train, dev, test) tagged sentences;
-    features cached as ``{task}-{split}``."""
+    features cached as ``{features or task}-{split}``."""
     from ..probe.features import extract
     from ..probe.pos import ProbeConfig, run_pos
     from ..probe.report import summarize_pos
@@ -216,8 +217,9 @@ def _tagging(args, models, cache, sets, task: str, log=print) -> dict:
     for name, m in models.items():
         if show_progress(args):
             print(f"{task}: {name} model")
-        feats = [extract(m, [s.tokens for s in ss], cache, name=f"{task}-{split}", max_tokens=args.max_tokens,
-                         progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
+        feats = [extract(m, [s.tokens for s in ss], cache, name=f"{features or task}-{split}",
+                         max_tokens=args.max_tokens, progress=show_progress(args))
+                 for ss, split in zip(sets, ("train", "dev", "test"))]
         out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log, groups=groups,
                             label=f"tag:{args.name}" if task == "tag" and getattr(args, "name", None) else task)
     return summarize_pos(out["trained"], out.get("control_random"))
@@ -230,6 +232,17 @@ def _pos(args, models, cache) -> dict:
     res = _tagging(args, models, cache, sets, "pos")
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test),
                    "tagset": args.tagset, "limit": args.limit}
+    return res
+
+
+def _pos_xpos(args, models, cache) -> dict:
+    """UD EWT's PTB tags (XPOS): the paper's tag set on a test set eight times the WSJ sample's;
+    the same words as ``pos``, so its features serve."""
+    from ..probe.conll import read_conllu
+    sets = [read_conllu(p, "xpos", limit=n) for p, n in zip((args.train, args.dev, args.test), _limits(args.limit))]
+    res = _tagging(args, models, cache, sets, "pos_xpos", log=_log(args), features="pos")
+    res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "tagset": "xpos",
+                   "limit": args.limit}
     return res
 
 
@@ -382,4 +395,4 @@ def _ner(args, models, cache) -> dict:
     return res
 
 
-RUNNERS = {"pos": _pos, "pos_wsj": _pos_wsj, "deps": _deps, "wsd": _wsd, "coref": _coref, "ner": _ner}
+RUNNERS = {"pos": _pos, "pos_xpos": _pos_xpos, "pos_wsj": _pos_wsj, "deps": _deps, "wsd": _wsd, "coref": _coref, "ner": _ner}
