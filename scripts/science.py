@@ -289,8 +289,8 @@ def probe(args) -> int:
         cmd += ["--tasks", args.tasks]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    if args.ner_seeds:
-        cmd += ["--ner-seeds", str(args.ner_seeds)]
+    # Round two's protocol (docs/science.md): three probes per input, documents resampled.
+    cmd += ["--probe-seeds", str(args.probe_seeds), "--ner-seeds", str(args.ner_seeds), "--resample", "documents"]
     if args.no_control:
         cmd += ["--no-control"]
     out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +325,10 @@ def main() -> int:
     p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")
     p.add_argument("--tasks", help="a subset of elmo probe all's tasks")
     p.add_argument("--threads", type=int)
-    p.add_argument("--ner-seeds", type=int, help="taggers per input in the NER task (elmo probe's --ner-seeds)")
+    p.add_argument("--ner-seeds", type=int, default=3,
+                   help="taggers per input in the NER task (elmo probe's --ner-seeds; default 3)")
+    p.add_argument("--probe-seeds", type=int, default=3,
+                   help="probes per input in the other tasks (elmo probe's --probe-seeds; default 3)")
     p.add_argument("--no-control", action="store_true", help="skip the random-weights control")
     p.add_argument("--headline", action="store_true",
                    help="write into results/probe itself: the final model's report (results.json, report.md)")
