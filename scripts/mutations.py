@@ -80,6 +80,13 @@ class Mutation:
 
 
 MUTATIONS = [
+    # -- corpus.py: what a saved position is valid for ------------------------------------------
+    Mutation(
+        "corpus-fingerprint-sizes-only", "src/torchelmo/lm/corpus.py",
+        "a resumed run's training files are fingerprinted by names and sizes only: an edit that keeps the size is not seen",
+        "        return [[f.name, f.stat().st_size, file_digest(f)] for f in self.files]\n",
+        "        return [[f.name, f.stat().st_size] for f in self.files]\n",
+        ("tests/test_train.py::test_an_edit_that_keeps_the_size_is_refused_on_resume",)),
     # -- fileio.py: atomic outputs ------------------------------------------------------------
     Mutation(
         "atomic-writes-in-place", "src/torchelmo/io/fileio.py",
@@ -100,6 +107,12 @@ MUTATIONS = [
         "    try:\n",
         "    path = Path(path)\n    try:\n",
         ("tests/test_bad_input.py::test_read_only_place_and_directory_output_fail_before_any_work",)),
+    Mutation(
+        "atomic-copies-into-place", "src/torchelmo/io/fileio.py",
+        "atomic_path copies its temporary file onto the output and deletes it, instead of renaming it: a reader sees a partial output",
+        "            os.replace(tmp_path, path)\n",
+        "            import shutil; shutil.copyfile(tmp_path, path); os.unlink(tmp_path)\n",
+        ("tests/test_writes.py::test_a_watcher_never_sees_a_partial_output",)),
     Mutation(
         "atomic-no-fsync", "src/torchelmo/io/fileio.py",
         "atomic_path renames its temporary file without fsyncing it first",

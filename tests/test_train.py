@@ -1,5 +1,6 @@
 """Training: learning on real text, exact resume after SIGKILL, DDP == one process, bad inputs."""
 
+import hashlib
 import json
 import math
 import os
@@ -466,7 +467,8 @@ def test_changed_training_files_are_refused_on_resume_and_new_data_starts_a_new_
     train(base_config(tmp_path, both, vocab, time_limit=1e-9, **kw), log=lambda s: None)
     run = tmp_path / "run"
     saved = torch.load(run / CHECKPOINT_NAME, weights_only=False)
-    assert saved["data"]["corpus"] == [["a.txt", data.stat().st_size]]
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    assert saved["data"]["corpus"] == [["a.txt", data.stat().st_size, digest]]
     (corpus / "b.txt").write_text("an added file\n", encoding="utf-8")
     with pytest.raises(ElmoError, match=r"checkpoint.pt: the training files changed since this position was "
                                         r"saved \(b.txt added\); resume with --new-data"):
@@ -476,9 +478,35 @@ def test_changed_training_files_are_refused_on_resume_and_new_data_starts_a_new_
     assert any("new data: epoch 1 starts on the current training files" in m for m in logs)
     after = torch.load(run / CHECKPOINT_NAME, weights_only=False)
     assert after["step"] == saved["step"] + 1 and after["data"]["position"]["epoch"] == 1
-    assert after["data"]["corpus"] == [["a.txt", data.stat().st_size], ["b.txt", 14]]
+    assert after["data"]["corpus"] == [["a.txt", data.stat().st_size, digest],
+                                       ["b.txt", 14, hashlib.sha256(b"an added file\n").hexdigest()]]
     assert after["config"]["new_data"] is True
     # The next chunk resumes exactly again (the flag belongs to one invocation).
     assert train(base_config(tmp_path, both, vocab, resume=True, **kw), log=lambda s: None)["steps"] == 4
     with pytest.raises(ElmoError, match="new_data starts a new epoch of a resumed run"):
         base_config(tmp_path, both, vocab, new_data=True)
+
+
+def test_an_edit_that_keeps_the_size_is_refused_on_resume(tmp_path, fixture_corpus):
+    # One word changed for another of the same length: names and sizes agree, the digest does not.
+    # A checkpoint saved before digests were recorded ([name, bytes]) still resumes on its files.
+    data, vocab = fixture_corpus
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = data.read_text(encoding="utf-8")
+    (corpus / "a.txt").write_text(text, encoding="utf-8")
+    kw = dict(softmax="sampled", num_samples=20, max_steps=4)
+    files = str(corpus / "*.txt")
+    train(base_config(tmp_path, files, vocab, time_limit=1e-9, **kw), log=lambda s: None)
+    run = tmp_path / "run"
+    word = next(w for w in text.split() if len(w) >= 3)
+    (corpus / "a.txt").write_text(text.replace(word, word[::-1] if word[::-1] != word else "x" * len(word), 1),
+                                  encoding="utf-8")
+    assert (corpus / "a.txt").stat().st_size == data.stat().st_size
+    with pytest.raises(ElmoError, match=r"the training files changed since this position was saved "
+                                        r"\(a.txt content changed \(same size\)\)"):
+        train(base_config(tmp_path, files, vocab, resume=True, **kw), log=lambda s: None)
+    ckpt = torch.load(run / CHECKPOINT_NAME, weights_only=False)
+    ckpt["data"]["corpus"] = [x[:2] for x in ckpt["data"]["corpus"]]
+    torch.save(ckpt, run / CHECKPOINT_NAME)
+    assert train(base_config(tmp_path, files, vocab, resume=True, **kw), log=lambda s: None)["steps"] == 4

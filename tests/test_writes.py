@@ -321,3 +321,36 @@ def test_a_simulated_full_disk_while_checkpointing_keeps_the_previous_checkpoint
     assert disks[0].failures == 1
     assert (tmp_path / CHECKPOINT_NAME).read_bytes() == before and not _temporaries(tmp_path)
 
+
+
+def test_a_watcher_never_sees_a_partial_output(tmp_path):
+    # The output appears whole or not at all: a reader polling the name while a 32 MiB file is
+    # written and installed sees no size but the final one (a copy into place would show others).
+    import threading
+
+    from torchelmo.io.fileio import atomic_path
+    data = os.urandom(1 << 25)
+    target = tmp_path / "out.bin"
+    for previous in (None, b"old output"):
+        if previous is not None:
+            target.write_bytes(previous)
+        seen, done = set(), threading.Event()
+
+        def watch(seen=seen, done=done):
+            while not done.is_set():
+                try:
+                    seen.add(os.stat(target).st_size)
+                except FileNotFoundError:
+                    seen.add(None)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for _ in range(3):
+                with atomic_path(target) as tmp:
+                    tmp.write_bytes(data)
+        finally:
+            done.set()
+            watcher.join()
+        allowed = {len(data), None if previous is None else len(previous)}
+        assert seen <= allowed and len(data) in seen, sorted(s for s in seen if s is not None)[:5]
+        target.unlink()

@@ -10,6 +10,7 @@ exactly where a run stopped.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -60,6 +61,22 @@ class CorpusPosition:
         return asdict(self)
 
 
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, computed once per process for a given size and modification time."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
 class Corpus:
     """Sentences (token lists) of files or globs, streamed and shuffled per shard.
 
@@ -75,19 +92,30 @@ class Corpus:
         self.name = " ".join(str(f) for f in self.files)
 
     def fingerprint(self) -> list[list]:
-        """``[name, bytes]`` of each file, in order: what a saved position is valid for. Names
-        without folders, so a moved corpus still resumes; an edit that keeps every size is not seen."""
-        return [[f.name, f.stat().st_size] for f in self.files]
+        """``[name, bytes, sha256]`` of each file, in order: what a saved position is valid for.
+        Names without folders, so a moved corpus still resumes; the digest sees an edit that keeps
+        every size (each file is read once per process, a second per GB; see :func:`file_digest`)."""
+        return [[f.name, f.stat().st_size, file_digest(f)] for f in self.files]
 
     def check_fingerprint(self, saved: list | None, where: str) -> None:
-        """Refuse a position saved on other files (``saved=None``: nothing was recorded)."""
-        current = self.fingerprint()
-        if saved is None or [list(x) for x in saved] == current:
+        """Refuse a position saved on other files (``saved=None``: nothing was recorded). A
+        fingerprint saved as ``[name, bytes]`` (before digests were recorded) is checked on those."""
+        if saved is None:
             return
-        now = dict(current)
-        was = {n: b for n, b in saved}
+        current = self.fingerprint()
+        saved = [list(x) for x in saved]
+        if [x[:len(s)] for x, s in zip(current, saved)] == saved and len(saved) == len(current):
+            return
+        now = {x[0]: x[1:] for x in current}
+        was = {x[0]: x[1:] for x in saved}
+
+        def change(n: str) -> str | None:
+            (b0, *d0), (b1, *d1) = was[n], now[n]
+            if b0 != b1:
+                return f"{n} {b0:,} -> {b1:,} bytes"
+            return f"{n} content changed (same size)" if d0 and d0 != d1[:len(d0)] else None
         diff = ([f"{n} added" for n in now if n not in was] + [f"{n} removed" for n in was if n not in now]
-                + [f"{n} {was[n]:,} -> {now[n]:,} bytes" for n in now if n in was and now[n] != was[n]])
+                + [c for n in now if n in was and (c := change(n))])
         raise ElmoError(f"{where}: the training files changed since this position was saved "
                         f"({', '.join(diff[:3]) or 'order changed'}{', ...' if len(diff) > 3 else ''}); "
                         "resume with --new-data to start a new epoch on the current files")
