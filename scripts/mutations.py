@@ -80,6 +80,13 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation(
+        "owned-directory-written-through-link", "src/torchelmo/io/fileio.py",
+        "a link planted where a run or a pipeline keeps its own model folder is written through: the directory it points to is overwritten",
+        "        if path.is_symlink():\n            path.unlink()\n",
+        "",
+        ("tests/test_resume_and_repeat.py::test_a_run_writes_its_model_folders_over_links_not_through_them",
+         "tests/test_spacy.py::test_to_disk_replaces_a_link_in_the_pipeline_instead_of_writing_through_it")),
     # -- corpus.py: what a saved position is valid for ------------------------------------------
     Mutation(
         "corpus-fingerprint-sizes-only", "src/torchelmo/lm/corpus.py",

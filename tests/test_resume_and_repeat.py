@@ -63,6 +63,24 @@ def test_a_lock_that_is_a_link_is_refused(tmp_path, capsys):
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_a_run_writes_its_model_folders_over_links_not_through_them(tmp_path, tiny_run):
+    # model/, published/ and best/ are the run's own: a link planted there is replaced by the
+    # folder, and the directory it pointed to is left as it was.
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    elsewhere = {}
+    for name in ("model", "published", "best"):
+        shutil.rmtree(run / name)
+        elsewhere[name] = tmp_path / f"elsewhere-{name}"
+        elsewhere[name].mkdir()
+        (elsewhere[name] / "keep.txt").write_text(name)
+        (run / name).symlink_to(elsewhere[name], target_is_directory=True)
+    assert cli_main(["train", "--out", str(run), "--resume", "--max-steps", "8", "--no-progress"]) == 0
+    for name in ("model", "published", "best"):
+        assert [p.name for p in elsewhere[name].iterdir()] == ["keep.txt"], name
+        assert not (run / name).is_symlink() and (run / name).is_dir() and any((run / name).iterdir()), name
+
+
 def _ewt_dev_sentences(n: int) -> list[str]:
     """The first ``n`` sentences of UD English EWT dev, tokens joined by spaces."""
     from conftest import shared_path

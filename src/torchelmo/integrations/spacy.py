@@ -53,6 +53,7 @@ from spacy.util import minibatch
 
 from ..embed.engine import embed_sentences
 from ..errors import ElmoError
+from ..io.fileio import own_directory
 from ..model.bilm import BiLM
 from ..runtime import resolve_device
 
@@ -172,10 +173,7 @@ class ElmoComponent:
                 hooks["similarity"] = similarity
 
     def to_disk(self, path: str | Path, exclude: Iterable[str] = ()) -> None:
-        target = Path(path) / MODEL_DIR
-        if target.is_symlink():   # not ours: the link is replaced, what it points to is left alone
-            target.unlink()
-        self.bilm.save_pretrained(target)
+        self.bilm.save_pretrained(own_directory(Path(path) / MODEL_DIR))
 
     def from_disk(self, path: str | Path, exclude: Iterable[str] = ()) -> ElmoComponent:
         saved = Path(path) / MODEL_DIR

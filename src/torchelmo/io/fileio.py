@@ -254,6 +254,20 @@ def read_json(path: str | Path, what: str = "JSON file", expect: type | None = d
     return value
 
 
+def own_directory(path: str | Path) -> Path:
+    """A directory the library owns inside one the user named (a run's ``best/``, a spaCy
+    pipeline's model folder), made if missing. A symbolic link found there is removed, not
+    written through: what it points to is left alone."""
+    path = Path(path)
+    try:
+        if path.is_symlink():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e) from None
+    return path
+
+
 def write_error(path: str | Path, e: OSError, what: str = "cannot write") -> ElmoError:
     """The one-line error for a failed write (a full disk, a read-only directory)."""
     reason = e.strerror or str(e)

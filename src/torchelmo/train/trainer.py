@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ElmoError
-from ..io.fileio import atomic_path
+from ..io.fileio import atomic_path, own_directory
 from ..lm.corpus import Corpus
 from ..lm.data import SentenceBatcher, StreamBatcher
 from ..lm.model import LanguageModel
@@ -297,10 +297,10 @@ class Trainer:
 def _write_models(lm: LanguageModel, out: Path, extra: dict) -> None:
     """The final model directories: ``model/``, ``published/``, and ``best/`` if no validation
     made one (best = final)."""
-    lm.save_pretrained(out / "model", extra=extra)
-    lm.bilm.export_published(out / "published")
-    if not (out / "best").is_dir():
-        lm.save_pretrained(out / "best", extra=extra)
+    lm.save_pretrained(own_directory(out / "model"), extra=extra)
+    lm.bilm.export_published(own_directory(out / "published"))
+    if (out / "best").is_symlink() or not (out / "best").is_dir():
+        lm.save_pretrained(own_directory(out / "best"), extra=extra)
 
 
 def _diverged(loss: float, grad_norm: float, step: int, checkpoints: ckpt_io.Checkpointer) -> ElmoError:

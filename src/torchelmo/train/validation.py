@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ..io.fileio import own_directory
 from ..lm.model import LanguageModel
 from .checkpoint import Progress
 from .config import TrainConfig
@@ -42,7 +43,8 @@ class Validator:
                      f"{r['ppl_backward']:.2f} mean {r['ppl_mean']:.2f}")
             if r["ppl_mean"] < p.best:
                 p.best, p.bad_evals = r["ppl_mean"], 0
-                self.lm.save_pretrained(self.out / "best", extra={"train": {"steps": p.step, "valid": result}})
+                self.lm.save_pretrained(own_directory(self.out / "best"),
+                                        extra={"train": {"steps": p.step, "valid": result}})
             else:
                 p.bad_evals += 1
                 if self.cfg.lr_decay < 1.0:
