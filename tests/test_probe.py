@@ -617,6 +617,7 @@ def test_ner_taggers_over_several_seeds_and_paired_differences(tmp_path):
                                for _ in range(layers)]) for y in ys)
     inputs = {"mix": noisy(0.3, 3), "E0": noisy(1.5), "static": tuple(rng.normal(size=(1, len(y), 8)).astype(
         np.float32) for y in ys)}
+    inputs["top"] = tuple(x[-1:] for x in inputs["mix"])
     cfg = TaggerConfig(hidden=16, dropout=0.1, batch_size=16, max_epochs=8, min_epochs=8, lr=2e-2, n_boot=200, seed=5)
     r = run_ner(inputs, offsets, tuple(tags), cfg, log=lambda m: None, seeds=3)
     assert r["seeds"] == 3
@@ -630,7 +631,15 @@ def test_ner_taggers_over_several_seeds_and_paired_differences(tmp_path):
     assert r["inputs"]["mix"]["weights"] == pytest.approx(np.mean([s["weights"] for s in r["inputs"]["mix"]["seeds"]], 0))
     d = r["paired"]["mix-E0"]
     assert d["diff"] == pytest.approx(r["inputs"]["mix"]["f1"] - r["inputs"]["E0"]["f1"])
-    assert d["ci"][0] <= d["diff"] <= d["ci"][1] and set(r["paired"]) == {"mix-E0", "mix-static", "E0-static"}
+    assert d["ci"][0] <= d["diff"] <= d["ci"][1] and set(r["paired"]) == {"mix-E0", "mix-static", "E0-static", "mix-top"}
+    # The paper's Table 2 pair: the mix of all layers against the top layer alone.
+    top = r["paired"]["mix-top"]
+    assert top["diff"] == pytest.approx(r["inputs"]["mix"]["f1"] - r["inputs"]["top"]["f1"])
+    # Per-sentence counts of every input and seed, for recomputing any interval.
+    from torchelmo.probe.stats import bootstrap_ci
+    u = r["units"]
+    assert set(u["counts"]) == set(inputs) and np.array(u["counts"]["mix"]).shape == (40, 9)
+    assert bootstrap_ci(np.array(u["counts"]["mix"]), mean_f1, 200, seed=5)[1:] == tuple(r["inputs"]["mix"]["ci"])
     assert r["inputs"]["mix"]["f1"] > r["inputs"]["static"]["f1"] and r["paired"]["mix-static"]["ci"][0] > 0
     from torchelmo.probe.report import render, summarize_ner
     report = render({"ner": summarize_ner(r)}, tmp_path / "report").read_text()

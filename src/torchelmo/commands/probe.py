@@ -375,6 +375,7 @@ def _ner(args, models, cache) -> dict:
         if name == "trained":
             inputs["mix"] = layers
             inputs["E0"] = tuple(x[:1] for x in layers)
+            inputs["top"] = tuple(x[-1:] for x in layers)
         else:
             inputs[f"{name}_mix"] = layers
     static_info = None

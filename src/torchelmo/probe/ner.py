@@ -5,6 +5,7 @@ a linear layer, token-level softmax; no CRF) is trained on different frozen inpu
 
 * ``mix``: all biLM layers through a learned :class:`~torchelmo.model.mix.ScalarMix` (``softmax(s)``, gamma),
 * ``E0``: the biLM's context-free char-CNN layer only,
+* ``top``: the biLM's top layer only (the paper's "last only" input, Table 2),
 * ``static``: SVD-PPMI word vectors trained by :func:`train_static_embeddings` on the same text as
   the biLM (lower-cased; out-of-vocabulary tokens get a zero vector, which is the point: WNUT-17's
   entities are new words),
@@ -234,9 +235,11 @@ def mean_f1(c: np.ndarray) -> np.ndarray:
     return np.mean([f1_from_counts(c[..., k:k + 3]) for k in range(0, c.shape[-1], 3)], axis=0)
 
 
-# Differences the downstream claim rests on: what the contextual layers add over E0 alone and over
-# static vectors (b - a, a paired bootstrap over test sentences of the seed-mean F1).
-PAIRS = (("E0", "mix"), ("static", "mix"), ("static", "E0"))
+# Differences the downstream claims rest on: what the contextual layers add over E0 alone and over
+# static vectors, and what the mix of all layers adds over the top layer alone (the paper's Table
+# 2: "all layers" beat "last only"); b - a, a paired bootstrap over test sentences of the
+# seed-mean F1.
+PAIRS = (("E0", "mix"), ("static", "mix"), ("static", "E0"), ("top", "mix"))
 
 
 def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offsets: tuple, tags: tuple,
@@ -301,4 +304,6 @@ def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offset
             d, lo, hi = paired_diff_ci(counts_of[a], counts_of[b], mean_f1, cfg.n_boot, seed=cfg.seed)
             res["paired"][f"{b}-{a}"] = {"diff": d, "ci": [lo, hi]}
             log(f"ner: {b} - {a}: {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired over test sentences)")
+    res["units"] = {"k": 3, "seeds": seeds, "resampled": "units", "documents": None,
+                    "counts": {n: c.astype(np.int64).tolist() for n, c in counts_of.items()}}
     return res
