@@ -237,6 +237,14 @@ def test_probe_coref_end_to_end(fixture_model, tmp_path):
     assert len(list((tmp_path / "cache").glob("coref-*.h5"))) == 3
     with pytest.raises(ElmoError, match="at least 3 documents"):
         probe_coref(fixture_model, data, cache=tmp_path / "cache", limit_docs=2, log=logs.append)
+    # With each novel's context carried from sentence to sentence: other features (cached apart),
+    # the same pairs; the first sentence's mentions are as before.
+    rc = probe_coref(fixture_model, data, cache=tmp_path / "cache", log=logs.append,
+                     cfg=CorefConfig(n_boot=50, max_epochs=2, context="document"))
+    assert rc["config"]["context"] == "document" and rc["counts"] == r["counts"]
+    assert len(list((tmp_path / "cache").glob("coref-*.h5"))) == 6
+    with pytest.raises(ElmoError, match="context must be 'sentence' or 'document'"):
+        probe_coref(fixture_model, data, cache=tmp_path / "cache", cfg=CorefConfig(context="novel"))
 
 
 LITBANK = SHARED / "data" / "coref" / "litbank"

@@ -223,6 +223,39 @@ def test_seed_mean_scores_every_seed_on_the_same_resample():
 
 # -- features ------------------------------------------------------------------------------------
 
+def test_features_with_document_context(fixture_model, tmp_path):
+    # Each sentence starts from the state its document's previous sentence ended with: the same as
+    # running each document alone, one sentence at a time, with a stateful biLM; a document's
+    # first sentence is as without context, later ones differ; spans read the same tokens.
+    sents = [s.tokens for s in read_conllu(ewt("dev"), limit=9)]
+    docs = ["a"] * 4 + ["b"] * 2 + ["c"] * 3
+    f = extract(fixture_model, sents, tmp_path, name="t", progress=False, documents=docs)
+    plain = extract(fixture_model, sents, tmp_path, name="t", progress=False)
+    assert f.path != plain.path and not fixture_model.stateful
+    fixture_model.stateful = True
+    try:
+        for rows in ([0, 1, 2, 3], [4, 5], [6, 7, 8]):
+            fixture_model.reset_states()
+            for i in rows:
+                with torch.no_grad():
+                    want = torch.stack(fixture_model.embed_sentences([sents[i]]).layers)[:, 0].numpy()
+                got = f.all_layers(slice(int(f.offsets[i]), int(f.offsets[i + 1]))).astype(np.float32)
+                np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+    finally:
+        fixture_model.stateful = False
+        fixture_model.reset_states()
+    first, later = slice(int(f.offsets[4]), int(f.offsets[5])), slice(int(f.offsets[5]), int(f.offsets[6]))
+    np.testing.assert_array_equal(f.all_layers(first), plain.all_layers(first))
+    assert np.abs(f.all_layers(later)[2].astype(np.float32) - plain.all_layers(later)[2]).max() > 1e-2
+    spans = [(5, 0, 2), (8, 1, 2)]
+    fs = extract(fixture_model, sents, tmp_path, spans=spans, name="t", progress=False, documents=docs)
+    np.testing.assert_allclose(fs.layer(2)[0], f.layer(2)[int(f.offsets[5]):int(f.offsets[5]) + 2].mean(0), atol=2e-3)
+    with pytest.raises(ElmoError, match="document 'a' comes back at sentence 6"):
+        extract(fixture_model, sents, tmp_path, progress=False, documents=["a"] * 4 + ["b"] * 2 + ["a"] * 3)
+    with pytest.raises(ElmoError, match="8 document names for 9 sentences"):
+        extract(fixture_model, sents, tmp_path, progress=False, documents=["a"] * 8)
+
+
 def test_feature_cache_is_exact_and_reused(fixture_model, tmp_path):
     sents = [s.tokens for s in read_conllu(ewt("dev"), limit=20)]
     f1 = extract(fixture_model, sents, tmp_path, name="t", progress=False)

@@ -291,7 +291,7 @@ def _coref(args, models, cache) -> dict:
             raise ElmoError("--litbank: give LitBank's coreference folder, or --data for the one under it")
         folder = args.data / DATA_LAYOUT["litbank"]
     cfg = CorefConfig(max_epochs=args.coref_epochs, seed=args.seed, n_boot=args.n_boot, seeds=args.probe_seeds,
-                      documents=args.resample == "documents")
+                      documents=args.resample == "documents", context=args.coref_context)
     out = {}
     for name, m in models.items():
         if show_progress(args):
@@ -347,7 +347,7 @@ def _wsd(args, models, cache) -> dict:
                        max_tokens=args.max_tokens, progress=show_progress(args))
         out[name] = run_wsd(semcor, f_tr, test, f_te, first, dev_prefix=args.dev_prefix,
                             n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs,
-                            documents=args.resample == "documents")
+                            documents=args.resample == "documents", context=args.coref_context)
     res = summarize_wsd(out["trained"], out.get("control_random"))
     res["data"] = {"semcor": str(args.semcor), "eval": str(args.eval), "sense_index": str(args.sense_index),
                    "dev_prefix": args.dev_prefix, "limit_semcor": args.limit_semcor}

@@ -64,6 +64,9 @@ def coref_args(q):
                                                 "under --data)")
     q.add_argument("--limit-docs", type=int, help="use a part of each split's novels (at least one each)")
     q.add_argument("--coref-epochs", type=int, default=20, help="probe training epochs at most (default 20)")
+    q.add_argument("--coref-context", choices=["sentence", "document"], default="sentence",
+                   help="each sentence's features from the zero state (default), or from the LSTM state "
+                        "its novel's previous sentence ended with")
 
 
 def data_arg(q, what):

@@ -54,6 +54,7 @@ class CorefSet:
     n_entities: int
     names: list[str] = field(default_factory=list)
     unit_docs: list[str] = field(default_factory=list)   # (n_units,) each unit's document (novel)
+    sentence_docs: list[str] = field(default_factory=list)   # each sentence's document
 
     def summary(self) -> dict:
         return {"documents": self.n_documents, "sentences": len(self.sentences),
@@ -72,10 +73,12 @@ def build_pairs(docs: Sequence[CorefDocument], max_antecedents: int = 50) -> Cor
     heads: list[str] = []
     pairs, labels, units = [], [], []
     unit_docs: list[str] = []
+    sentence_docs: list[str] = []
     n_units = n_anaphoric = n_entities = 0
     for doc in docs:
         base_s, base_m = len(sentences), len(spans)
         sentences.extend(doc.sentences)
+        sentence_docs.extend([doc.name] * len(doc.sentences))
         ms = sorted(doc.mentions)
         n_entities += len({m.entity for m in ms})
         for m in ms:
@@ -93,7 +96,8 @@ def build_pairs(docs: Sequence[CorefDocument], max_antecedents: int = 50) -> Cor
             n_anaphoric += int(y.any())
     cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
     return CorefSet(sentences, spans, heads, cat(pairs, (0, 2)), cat(labels, (0,)), cat(units, (0,)),
-                    n_units, n_anaphoric, len(docs), n_entities, [d.name for d in docs], unit_docs)
+                    n_units, n_anaphoric, len(docs), n_entities, [d.name for d in docs], unit_docs,
+                    sentence_docs)
 
 
 def unit_counts(pred: np.ndarray, labels: np.ndarray, units: np.ndarray, n_units: int) -> np.ndarray:
@@ -125,6 +129,8 @@ class CorefConfig:
     max_antecedents: int = 50
     seeds: int = 1             # probes trained per input (seeds seed .. seed + seeds - 1), scored as their mean
     documents: bool = False    # the bootstrap draws test novels instead of mentions
+    context: str = "sentence"  # features from the zero state per sentence, or "document": carried from
+                               # the novel's previous sentence (probe_coref)
 
 
 class PairProbe(nn.Module):
@@ -317,7 +323,10 @@ def probe_coref(bilm, litbank_dir: str | Path, cache: str | Path | None = None,
         c = cs.summary()
         log(f"coref: {name} {c['documents']} novels, {c['mentions']} mentions, {c['pairs']} pairs "
             f"({c['positive_pairs']} coreferent), {c['anaphoric_mentions']} anaphoric mentions")
-    feats = [extract(bilm, cs.sentences, cache, spans=cs.spans, name=f"coref-{name}", progress=progress)
+    if cfg.context not in ("sentence", "document"):
+        raise ElmoError(f"coref: context must be 'sentence' or 'document', got {cfg.context!r}")
+    feats = [extract(bilm, cs.sentences, cache, spans=cs.spans, name=f"coref-{name}", progress=progress,
+                     documents=cs.sentence_docs if cfg.context == "document" else None)
              for name, cs in zip(("train", "dev", "test"), sets)]
     res = run_coref(*feats, sets, cfg, log=log)  # type: ignore[arg-type]
     res["documents"] = {name: cs.names for name, cs in zip(("train", "dev", "test"), sets)}

@@ -96,17 +96,24 @@ def validate_sentences(sentences: Sequence[Sequence[str]], what: str = "data") -
 @torch.no_grad()
 def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Path | None = None,
             spans: Sequence[Span] | None = None, name: str = "data", max_tokens: int = 4096,
-            max_sentences: int = 128, progress: bool = True) -> Features:
+            max_sentences: int = 128, progress: bool = True, documents: Sequence[str] | None = None) -> Features:
     """Features of every token (``spans=None``) or of every span, cached under ``cache_dir``.
 
-    ``cache_dir=None`` uses a temporary file that lives as long as the process.
+    ``cache_dir=None`` uses a temporary file that lives as long as the process. ``documents``
+    (each sentence's document, a document's sentences consecutive and in order): each sentence
+    starts from the LSTM state its document's previous sentence ended with, in both directions,
+    as AllenNLP's stateful ELMo computes it (documents run side by side, one row each); None:
+    every sentence from the zero state.
     """
     validate_sentences(sentences, name)
+    doc_rows = None if documents is None else document_rows(documents, len(sentences), name)
     if spans is not None:
         for j, (s, a, b) in enumerate(spans):
             if not (0 <= s < len(sentences) and 0 <= a < b <= len(sentences[s])):
                 raise ElmoError(f"{name}: span {j} {(s, a, b)} is outside its sentence")
     key = f"{name}-{model_fingerprint(bilm)}-{data_fingerprint(sentences, spans)}"
+    if doc_rows is not None:   # other features: the same sentences with their documents' context
+        key += "-doc" + hashlib.sha256(json.dumps(doc_rows).encode()).hexdigest()[:8]
     if cache_dir is None:
         import tempfile
         cache_dir = Path(tempfile.gettempdir()) / "elmo-probe-cache"
@@ -126,12 +133,23 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
     if spans is not None:
         for j, (s, _, _) in enumerate(spans):
             by_sentence.setdefault(s, []).append(j)
-    needed = list(range(len(sentences))) if spans is None else sorted(by_sentence)
-    # Similar lengths together keep padding small; max_tokens bounds rows x longest.
-    batches = length_batches([lengths[i] for i in needed], max_sentences, max_tokens)
+    if doc_rows is None:
+        needed = list(range(len(sentences))) if spans is None else sorted(by_sentence)
+        # Similar lengths together keep padding small; max_tokens bounds rows x longest.
+        batches = length_batches([lengths[i] for i in needed], max_sentences, max_tokens)
+    else:
+        # Every sentence runs (its state is the next one's), batch k holding the k-th sentence of
+        # each document still going: documents longest first, so the rows running are a prefix
+        # and each row's carried state is its own document's.
+        needed = list(range(len(sentences)))
+        docs = sorted(doc_rows, key=len, reverse=True)
+        batches = [[d[k] for d in docs if len(d) > k] for k in range(len(docs[0]) if docs else 0)]
 
-    was_training = bilm.training
+    was_training, was_stateful = bilm.training, bilm.stateful
     bilm.eval()
+    if doc_rows is not None:
+        bilm.stateful = True
+        bilm.reset_states()
     from tqdm.auto import tqdm
     try:
         with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
@@ -151,6 +169,8 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
                     if spans is None:
                         rows = slice(int(offsets[i]), int(offsets[i + 1]))
                         vals = layers[:, r, :lengths[i]].numpy()
+                    elif i not in by_sentence:   # run only for its document's state
+                        continue
                     else:
                         js = by_sentence[i]
                         rows = np.asarray(js)
@@ -171,7 +191,28 @@ def extract(bilm: BiLM, sentences: Sequence[Sequence[str]], cache_dir: str | Pat
                 ds[...] = buf
     finally:
         bilm.train(was_training)
+        if doc_rows is not None:
+            bilm.stateful = was_stateful
+            bilm.reset_states()
     return _open(path)
+
+
+def document_rows(documents: Sequence[str], n: int, what: str = "data") -> list[list[int]]:
+    """The sentence indices of each document, in order; its sentences must be consecutive."""
+    if len(documents) != n:
+        raise ElmoError(f"{what}: {len(documents)} document names for {n} sentences")
+    rows: list[list[int]] = []
+    seen: set[str] = set()
+    for i, d in enumerate(documents):
+        if rows and documents[i - 1] == d:
+            rows[-1].append(i)
+            continue
+        if d in seen:
+            raise ElmoError(f"{what}: document {d!r} comes back at sentence {i}: a document's sentences must "
+                            "be consecutive")
+        seen.add(d)
+        rows.append([i])
+    return rows
 
 
 def _open(path: Path) -> Features:
