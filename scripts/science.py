@@ -297,6 +297,16 @@ def probe(args) -> int:
     (out / "TOKENS").write_text(f"{tokens or 0}\n")
     (out / "LABEL").write_text(f"{label}\n")
     sh(cmd, log=out / "probe.log")
+    if not args.tasks or "coref" in args.tasks.split(","):
+        # Round two: coreference again with each novel's LSTM state carried across its sentences.
+        doc = [sys.executable, "-m", "torchelmo.cli", "probe", "coref", "--model", model, "--data",
+               os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out / "coref-document", ROOT),
+               "--coref-context", "document", "--probe-seeds", str(args.probe_seeds), "--resample", "documents"]
+        if args.threads:
+            doc += ["--threads", str(args.threads)]
+        if args.no_control:
+            doc += ["--no-control"]
+        sh(doc, log=out / "probe-coref-document.log")
     runs = []
     for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir())]:
         if (d / "results.json").is_file():
