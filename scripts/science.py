@@ -308,7 +308,7 @@ def probe(args) -> int:
             doc += ["--no-control"]
         sh(doc, log=out / "probe-coref-document.log")
     runs = []
-    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir())]:
+    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir() and p.name != "coref-document")]:
         if (d / "results.json").is_file():
             n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
             name = (d / "LABEL").read_text().strip() if (d / "LABEL").is_file() else d.name
