@@ -238,3 +238,21 @@ def test_perplexity_and_average_take_hub_ids(lm_cache, tmp_path, capsys):
     assert main(["perplexity", "me/other", str(text)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("elmo perplexity: error: me/other: ") and err.count("\n") == 1
+
+
+def test_a_spacy_pipeline_named_by_a_hub_id_carries_its_model(hub_cache, tmp_path, monkeypatch):
+    # Saved with the model named by a Hub id, loaded where the Hub's cache is empty (and the Hub
+    # unreachable): the vectors come from the copy the pipeline holds.
+    spacy = pytest.importorskip("spacy", reason="the spacy extra (CI installs it through the test extra)")
+    import numpy as np
+
+    import torchelmo.integrations.spacy  # noqa: F401  (registers the factory)
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": "me/tiny", "device": "cpu"})
+    want = nlp("The cat sat .")._.elmo
+    nlp.to_disk(tmp_path / "pipe")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    with pytest.raises(ElmoError):
+        BiLM.from_pretrained("me/tiny")        # the name alone no longer resolves here
+    loaded = spacy.load(tmp_path / "pipe")
+    np.testing.assert_allclose(loaded("The cat sat .")._.elmo, want, rtol=0, atol=1e-6)
