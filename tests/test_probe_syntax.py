@@ -306,6 +306,12 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
     assert units["seeds"] == 2 and units["documents"] == [f"s{k}" for k in range(8)]
     assert len(units["counts"]["E1"]) == 8 and len(units["counts"]["E1"][0]) == 4
     assert "Each probe trained with 2 seeds, the score their mean" in (out / "report.md").read_text()
+    # Where each layer's arcs are right: by the distance to the gold head ('DET NOUN VERB DET NOUN .',
+    # heads 2 3 0 5 3 3: distances 1 1 root 1 2 3 in each of the 8 test sentences).
+    d = res["uas"]["by_distance"]
+    assert d["buckets"] == ["root", "1", "2", "3-6", "7+"] and d["words"] == [8, 24, 8, 8, 0]
+    assert all(0 <= v <= 1 for v in d["E1"][:4]) and d["E1"][4] is None
+    assert "| 3-6 | 8 |" in (out / "report.md").read_text()
     assert "intervals resample the test documents" in (out / "report.md").read_text()
     # Nothing to default the files from: a one-line error.
     capsys.readouterr()

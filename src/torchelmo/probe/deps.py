@@ -209,6 +209,25 @@ def sentence_counts(correct: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.stack([c, np.diff(offsets).astype(np.float64)], 1)
 
 
+DISTANCES = (("root", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3-6", 3, 6), ("7+", 7, 1 << 30))
+
+
+def arc_distances(trees: Trees) -> np.ndarray:
+    """``(N,)`` each word's distance to its gold head in words (0 for the root's dependent)."""
+    pos = np.arange(len(trees.heads)) - np.repeat(trees.offsets[:-1], np.diff(trees.offsets)) + 1
+    return np.where(trees.heads == 0, 0, np.abs(trees.heads - pos))
+
+
+def by_distance(correct: dict[str, list[np.ndarray]], distance: np.ndarray) -> dict:
+    """Accuracy per head-distance bucket (:data:`DISTANCES`) of each probe, the mean over its seeds:
+    where a layer's advantage lies (short arcs or long ones)."""
+    masks = [(distance >= lo) & (distance <= hi) for _, lo, hi in DISTANCES]
+    out: dict = {"buckets": [b for b, _, _ in DISTANCES], "words": [int(m.sum()) for m in masks]}
+    for name, runs in correct.items():
+        out[name] = [float(np.mean([c[m].mean() for c in runs])) if m.any() else None for m in masks]
+    return out
+
+
 def neighbour_heads(offsets: np.ndarray, side: int) -> np.ndarray:
     """``(N,)`` the heads of the trivial parser that attaches every word to its left (``side=-1``)
     or right (``+1``) neighbour, and the word without one to ROOT."""
@@ -286,6 +305,8 @@ def run_deps(train: Features, dev: Features, test: Features,
             return ArcScorer(encoder, F, cfg.rank)
         return LabelScorer(encoder, F, len(rels))
 
+    corrects: dict[str, dict[str, list[np.ndarray]]] = {task: {} for task in TASKS}
+
     def fits(task: str, name: str, run: Callable[[], tuple[nn.Module, dict, np.ndarray]]) -> tuple[dict, list]:
         """``cfg.seeds`` fits of one probe, scored; the first seed's fit details, and each seed's."""
         infos, models = [], []
@@ -293,6 +314,7 @@ def run_deps(train: Features, dev: Features, test: Features,
             torch.manual_seed(cfg.seed + s)
             model, info, correct = run()
             scores[task].add(name, sentence_counts(correct, d_te.offsets))
+            corrects[task].setdefault(name, []).append(np.asarray(correct, dtype=bool))
             infos.append(info)
             models.append(model)
         r = {**scores[task].score(name, "acc"), **infos[0]}
@@ -334,6 +356,8 @@ def run_deps(train: Features, dev: Features, test: Features,
                 r["seed_weights"] = [mx.weights() for mx in mixes]
             res[task]["mix"] = r
             _show(log, task, "mix", r)
+    distance = arc_distances(d_te)
     for task in TASKS:
         res[task]["units"] = scores[task].units()
+        res[task]["by_distance"] = by_distance(corrects[task], distance)
     return res

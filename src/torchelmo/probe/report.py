@@ -41,6 +41,9 @@ def summarize_deps(trained: dict, control: dict | None = None) -> dict:
     baselines = {"uas": {k: v["acc"] for k, v in trained["uas"]["baselines"].items()},
                  "labels": {"majority": trained["labels"]["majority"]["acc"]}}
     out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in ("uas", "labels")}
+    for t in ("uas", "labels"):
+        if "by_distance" in trained[t]:
+            out[t]["by_distance"] = trained[t]["by_distance"]
     out["n_test_words"], out["config"] = trained["n_test_words"], trained["config"]
     if "n_test_documents" in trained:
         out["n_test_documents"] = trained["n_test_documents"]
@@ -380,6 +383,14 @@ def _layer_section(task: str, s: dict, out_dir: Path, plots: bool = True) -> lis
         how.append(f"intervals resample the test {'documents' if s['resampled'] == 'documents' else 'units'}")
     if how:
         lines += ["", "; ".join(how).capitalize() + "."]
+    if "by_distance" in s:
+        d = s["by_distance"]
+        probes = [n for n in _inputs(s) if n in d]
+        lines += ["", "By the distance to the gold head (words; accuracy %, mean over seeds):", "",
+                  "| distance | words | " + " | ".join(probes) + " |", "|---|---|" + "---|" * len(probes)]
+        for i, b in enumerate(d["buckets"]):
+            vals = ["-" if d[n][i] is None else f"{100 * d[n][i]:.1f}" for n in probes]
+            lines.append(f"| {b} | {d['words'][i]} | " + " | ".join(vals) + " |")
     if "mix_weights" in s:
         extra = f", gamma = {s['gamma']:.3f}" if "gamma" in s else ""
         if "mix_temperature" in s:
