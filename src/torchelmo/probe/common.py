@@ -7,6 +7,7 @@ one another, so a change to one probe cannot silently change another.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -54,17 +55,21 @@ class Standardize(nn.Module):
 
 def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torch.Tensor]],
                       dev_score: Callable[[], float], *, lr: float, max_epochs: int, patience: int,
-                      weight_decay: float = 0.0, min_epochs: int = 1) -> dict:
+                      weight_decay: float = 0.0, min_epochs: int = 1,
+                      tie_break: Callable[[], float] | None = None) -> dict:
     """Adam over ``epoch_losses()`` per epoch, early-stopped on ``dev_score()``.
 
     ``epoch_losses()`` yields one epoch's mini-batch losses, each computed just before its step
     (the model is in train mode); ``dev_score()`` scores the model after the epoch (higher is
     better). Training stops after ``patience`` epochs without a strict improvement, but never
-    before ``min_epochs``. The best epoch's weights are loaded back and the model is left in
-    eval mode. Returns ``{"best_score", "best_epoch", "epochs", "history"}`` (dev score per epoch).
+    before ``min_epochs``. ``tie_break()`` (higher is better) decides between epochs of equal dev
+    score, so that a flat stretch of it (a tagger that predicts no entity yet has F1 0 epoch after
+    epoch) does not end training while the model still improves. The best epoch's weights are
+    loaded back and the model is left in eval mode. Returns ``{"best_score", "best_epoch",
+    "epochs", "history"}`` (dev score per epoch).
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    best, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), -1.0, 0, 0
+    best, best_key, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), (-1.0, -math.inf), -1.0, 0, 0
     history: list[float] = []
     for epoch in range(1, max_epochs + 1):
         model.train()
@@ -74,8 +79,9 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
             opt.step()
         score = dev_score()
         history.append(score)
-        if score > best_score:
-            best, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), score, epoch, 0
+        key = (score, tie_break() if tie_break is not None else 0.0)
+        if key > best_key:
+            best, best_key, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), key, score, epoch, 0
         else:
             bad += 1
             if bad >= patience and epoch >= min_epochs:

@@ -217,8 +217,20 @@ def train_tagger(train: TaggingData, dev: TaggingData, labels: list[str], cfg: T
     def dev_f1() -> float:
         return float(f1_from_counts(entity_counts(tag(model, dev), dev, labels).sum(0)))
 
+    @torch.no_grad()
+    def dev_likelihood() -> float:
+        """Minus the dev tags' mean cross-entropy: what still improves while F1 is flat at 0."""
+        model.eval()
+        total = n = 0.0
+        for a in range(0, dev.n_sentences, 64):
+            xb, lengths, yb = dev.batch(np.arange(a, min(dev.n_sentences, a + 64)))
+            total += float(nn.functional.cross_entropy(model(xb, lengths).reshape(-1, len(labels)), yb.reshape(-1),
+                                                       ignore_index=-100, reduction="sum"))
+            n += float((yb != -100).sum())
+        return -total / max(n, 1.0)
+
     fit = fit_early_stopped(model, epoch_losses, dev_f1, lr=cfg.lr, max_epochs=cfg.max_epochs,
-                            patience=cfg.patience, min_epochs=cfg.min_epochs)
+                            patience=cfg.patience, min_epochs=cfg.min_epochs, tie_break=dev_likelihood)
     log(f"ner: {name} best dev F1 {fit['best_score']:.4f} at epoch {fit['best_epoch']}")
     return model, {"dev_f1": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"]}
 
