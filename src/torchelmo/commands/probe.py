@@ -347,7 +347,7 @@ def _wsd(args, models, cache) -> dict:
                        max_tokens=args.max_tokens, progress=show_progress(args))
         out[name] = run_wsd(semcor, f_tr, test, f_te, first, dev_prefix=args.dev_prefix,
                             n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs,
-                            documents=args.resample == "documents", context=args.coref_context)
+                            documents=args.resample == "documents")
     res = summarize_wsd(out["trained"], out.get("control_random"))
     res["data"] = {"semcor": str(args.semcor), "eval": str(args.eval), "sense_index": str(args.sense_index),
                    "dev_prefix": args.dev_prefix, "limit_semcor": args.limit_semcor}
