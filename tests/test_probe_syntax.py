@@ -305,7 +305,7 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
     units = json.loads((out / "units.json").read_text())["deps/uas/details/trained"]
     assert units["seeds"] == 2 and units["documents"] == [f"s{k}" for k in range(8)]
     assert len(units["counts"]["E1"]) == 8 and len(units["counts"]["E1"][0]) == 4
-    assert "Each probe trained with 2 seeds, the score their mean" in (out / "report.md").read_text()
+    assert "Each probe trained with 2 seeds, the score their mean (sd over seeds, points: E0 " in (out / "report.md").read_text()
     # Where each layer's arcs are right: by the distance to the gold head ('DET NOUN VERB DET NOUN .',
     # heads 2 3 0 5 3 3: distances 1 1 root 1 2 3 in each of the 8 test sentences).
     d = res["uas"]["by_distance"]

@@ -382,7 +382,8 @@ def _layer_section(task: str, s: dict, out_dir: Path, plots: bool = True) -> lis
     if "resampled" in s:
         how.append(f"intervals resample the test {'documents' if s['resampled'] == 'documents' else 'units'}")
     if how:
-        lines += ["", "; ".join(how).capitalize() + "."]
+        text = "; ".join(how)
+        lines += ["", text[0].upper() + text[1:] + "."]
     if "by_distance" in s:
         d = s["by_distance"]
         probes = [n for n in _inputs(s) if n in d]
