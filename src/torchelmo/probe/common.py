@@ -14,6 +14,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..errors import ElmoError
+
+
+def check_seeds(seeds, what: str) -> None:
+    """Probes trained per input: a positive integer (1.5, 0 and True are errors)."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ElmoError(f"{what}: seeds must be a positive integer, got {seeds!r}")
+
 
 def layer_names(num_layers: int) -> list[str]:
     """``["E0", ..., "E{L-1}"]`` for ``num_layers`` representations (E0 is the char-CNN layer)."""

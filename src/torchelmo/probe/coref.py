@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names
 from .features import Features, Span
 from .litbank import CorefDocument, part_sizes, read_litbank, split_documents
 from .stats import UnitScores, f1_from_counts
@@ -232,8 +232,7 @@ def run_coref(train: Features | np.ndarray, dev: Features | np.ndarray, test: Fe
     L, _, F = xs[0].shape
     layers = list(range(L)) if layers is None else layers
     names = layer_names(L)
-    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
-        raise ElmoError(f"coref: seeds must be a positive integer, got {cfg.seeds!r}")
+    check_seeds(cfg.seeds, "coref")
     res: dict = {"counts": {k: cs.summary() for k, cs in zip(("train", "dev", "test"), sets)},
                  "config": asdict(cfg), "layers": {}, "baselines": {}}
     groups = te.unit_docs if cfg.documents else None
@@ -246,11 +245,8 @@ def run_coref(train: Features | np.ndarray, dev: Features | np.ndarray, test: Fe
 
     for key, pred, what in (("majority", np.zeros(len(te.labels), dtype=bool), "always 'different'"),
                             ("head_match", head_match(te), "same last token, any case")):
-        b = UnitScores(f1_from_counts, 3, groups, cfg.n_boot, cfg.seed)
         c = unit_counts(pred, te.labels, te.units, te.n_units)
-        b.add(key, c)
-        s = b.score(key, "f1")
-        r = res["baselines"][key] = {"f1": s["f1"], "ci": s["ci"], **rates(c), "rule": what}
+        r = res["baselines"][key] = {**scores.once(c, "f1"), **rates(c), "rule": what}
         log(f"coref: baseline {key} ({what}) test pairwise F1 {r['f1']:.4f} "
             f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]")
 

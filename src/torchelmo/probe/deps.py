@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names
 from .conll import DepSentence
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
@@ -269,8 +269,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     """
     cfg = cfg or DepsConfig()
     _check_inputs((train, dev, test), trees)
-    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
-        raise ElmoError(f"deps: seeds must be a positive integer, got {cfg.seeds!r}")
+    check_seeds(cfg.seeds, "deps")
     rels = sorted({universal(r) for s in trees[0] for r in s.rels})
     if len(rels) < 2:
         raise ElmoError(f"deps: the training set has {len(rels)} distinct relation(s); need at least 2")
@@ -288,10 +287,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     where = "test documents" if groups is not None else "test sentences"
 
     def baseline(correct: np.ndarray) -> dict:
-        s = UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed)
-        s.add("b", sentence_counts(correct, d_te.offsets))
-        r = s.score("b", "acc")
-        return {"acc": r["acc"], "ci": r["ci"]}
+        return scores["uas"].once(sentence_counts(correct, d_te.offsets), "acc")
 
     res["uas"]["baselines"] = {f"{side} neighbour": baseline(neighbour_heads(d_te.offsets, k) == d_te.heads)
                                for side, k in (("left", -1), ("right", 1))}

@@ -31,7 +31,7 @@ from ..errors import ElmoError
 from ..io.fileio import atomic_path
 from ..io.text import read_sentences
 from ..model.mix import ScalarMix
-from .common import Standardize, fit_early_stopped
+from .common import Standardize, check_seeds, fit_early_stopped
 from .conll import bio_spans
 from .stats import bootstrap_ci, f1_from_counts, paired_diff_ci
 
@@ -267,8 +267,7 @@ def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offset
     ``paired``: :data:`PAIRS`' differences with paired intervals.
     """
     cfg = cfg or TaggerConfig()
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ElmoError(f"ner: seeds must be a positive integer, got {seeds!r}")
+    check_seeds(seeds, "ner")
     labels, ys = encode_bio(*tags)
     res: dict = {"labels": labels, "config": asdict(cfg), "seeds": seeds, "inputs": {}, "paired": {}}
     n_ent = sum(len(bio_spans(s)) for s in tags[2])

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
 
@@ -126,8 +126,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         if f.offsets is None or f.n != sum(len(s) for s in t):
             raise ElmoError(f"{label}: {name} features ({f.n} rows) do not match its tags "
                             f"({sum(len(s) for s in t)} tokens)")
-    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
-        raise ElmoError(f"{label}: seeds must be a positive integer, got {cfg.seeds!r}")
+    check_seeds(cfg.seeds, label)
     labels, (y_tr, y_dev, y_te) = encode_tags(*tags)
     if len(labels) < 2:
         raise ElmoError(f"{label}: the training set has {len(labels)} distinct tag(s); need at least 2")
@@ -159,10 +158,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
         return r
 
     majority = int(np.bincount(y_tr).argmax())
-    baseline = UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed)
-    baseline.add("majority", counts(np.full_like(y_te, majority)))
-    res["majority"] = {"tag": labels[majority], **{k: v for k, v in baseline.score("majority", "acc").items()
-                                                   if k in ("acc", "ci")}}
+    res["majority"] = {"tag": labels[majority], **scores.once(counts(np.full_like(y_te, majority)), "acc")}
     log(f"{label}: majority-class baseline ({labels[majority]}) test acc {res['majority']['acc']:.4f}")
 
     def spread(r: dict) -> str:

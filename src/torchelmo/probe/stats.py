@@ -138,6 +138,12 @@ class UnitScores:
         return {key: est, "ci": [lo, hi], "seeds": per_seed,
                 "sd": float(np.std(per_seed, ddof=1)) if len(runs) > 1 else 0.0}
 
+    def once(self, counts: np.ndarray, key: str) -> dict:
+        """``{key, "ci"}`` of counts not kept among the probes' (a baseline's): one run, the same
+        resampling."""
+        est, lo, hi = bootstrap_ci(counts, self.stat, self.n_boot, seed=self.seed, groups=self.groups)
+        return {key: est, "ci": [lo, hi]}
+
     def paired(self, a: str, b: str) -> dict:
         """``b - a`` (means over seeds) with its paired interval."""
         d, lo, hi = paired_diff_ci(self._all(a), self._all(b), seed_mean(self.stat, self.k), self.n_boot,
