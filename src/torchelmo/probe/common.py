@@ -70,8 +70,8 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
     ``epoch_losses()`` yields one epoch's mini-batch losses, each computed just before its step
     (the model is in train mode); ``dev_score()`` scores the model after the epoch (higher is
     better). Training stops after ``patience`` epochs without a strict improvement, but never
-    before ``min_epochs``. ``tie_break()`` (higher is better) decides between epochs of equal dev
-    score, so that a flat stretch of it (a tagger that predicts no entity yet has F1 0 epoch after
+    before ``min_epochs``. ``tie_break()`` (higher is better; called right after ``dev_score()``,
+    for the same epoch) decides between epochs of equal dev score, so that a flat stretch of it (a tagger that predicts no entity yet has F1 0 epoch after
     epoch) does not end training while the model still improves. The best epoch's weights are
     loaded back and the model is left in eval mode. Returns ``{"best_score", "best_epoch",
     "epochs", "history"}`` (dev score per epoch).

@@ -33,7 +33,7 @@ from ..io.text import read_sentences
 from ..model.mix import ScalarMix
 from .common import Standardize, check_seeds, fit_early_stopped
 from .conll import bio_spans
-from .stats import bootstrap_ci, f1_from_counts, paired_diff_ci
+from .stats import as_lists, bootstrap_ci, f1_from_counts, paired_diff_ci
 
 # -- static embeddings ---------------------------------------------------------------------------
 
@@ -174,16 +174,26 @@ class TaggingData:
         return len(self.offsets) - 1
 
 
-@torch.no_grad()
 def tag(model: BiLSTMTagger, data: TaggingData, batch_size: int = 64) -> list[np.ndarray]:
+    return tag_and_score(model, data, batch_size)[0]
+
+
+@torch.no_grad()
+def tag_and_score(model: BiLSTMTagger, data: TaggingData, batch_size: int = 64) -> tuple[list[np.ndarray], float]:
+    """Each sentence's predicted tag ids, and the gold tags' mean log-likelihood (one pass)."""
     model.eval()
     out = []
+    total = n = 0.0
     for a in range(0, data.n_sentences, batch_size):
         sents = np.arange(a, min(data.n_sentences, a + batch_size))
-        xb, lengths, _ = data.batch(sents)
-        pred = model(xb, lengths).argmax(-1).numpy()
+        xb, lengths, yb = data.batch(sents)
+        logits = model(xb, lengths)
+        total += float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1),
+                                                   ignore_index=-100, reduction="sum"))
+        n += float((yb != -100).sum())
+        pred = logits.argmax(-1).numpy()
         out.extend(pred[r, :lengths[r]] for r in range(len(sents)))
-    return out
+    return out, -total / max(n, 1.0)
 
 
 def entity_counts(pred: list[np.ndarray], data: TaggingData, labels: list[str]) -> np.ndarray:
@@ -214,23 +224,17 @@ def train_tagger(train: TaggingData, dev: TaggingData, labels: list[str], cfg: T
                                                ignore_index=-100)
             yield loss if model.mix is None else loss + model.mix.l2_penalty(cfg.mix_l2)
 
-    def dev_f1() -> float:
-        return float(f1_from_counts(entity_counts(tag(model, dev), dev, labels).sum(0)))
+    # One pass over dev per epoch gives both: the F1, and the tags' likelihood that breaks its
+    # ties (what still improves while F1 is flat at 0); fit_early_stopped asks for the second
+    # right after the first.
+    likelihood = [0.0]
 
-    @torch.no_grad()
-    def dev_likelihood() -> float:
-        """Minus the dev tags' mean cross-entropy: what still improves while F1 is flat at 0."""
-        model.eval()
-        total = n = 0.0
-        for a in range(0, dev.n_sentences, 64):
-            xb, lengths, yb = dev.batch(np.arange(a, min(dev.n_sentences, a + 64)))
-            total += float(nn.functional.cross_entropy(model(xb, lengths).reshape(-1, len(labels)), yb.reshape(-1),
-                                                       ignore_index=-100, reduction="sum"))
-            n += float((yb != -100).sum())
-        return -total / max(n, 1.0)
+    def dev_f1() -> float:
+        pred, likelihood[0] = tag_and_score(model, dev)
+        return float(f1_from_counts(entity_counts(pred, dev, labels).sum(0)))
 
     fit = fit_early_stopped(model, epoch_losses, dev_f1, lr=cfg.lr, max_epochs=cfg.max_epochs,
-                            patience=cfg.patience, min_epochs=cfg.min_epochs, tie_break=dev_likelihood)
+                            patience=cfg.patience, min_epochs=cfg.min_epochs, tie_break=lambda: likelihood[0])
     log(f"ner: {name} best dev F1 {fit['best_score']:.4f} at epoch {fit['best_epoch']}")
     return model, {"dev_f1": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"]}
 
@@ -316,5 +320,5 @@ def run_ner(inputs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], offset
             res["paired"][f"{b}-{a}"] = {"diff": d, "ci": [lo, hi]}
             log(f"ner: {b} - {a}: {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired over test sentences)")
     res["units"] = {"k": 3, "seeds": seeds, "resampled": "units", "documents": None,
-                    "counts": {n: c.astype(np.int64).tolist() for n, c in counts_of.items()}}
+                    "counts": {n: as_lists(c) for n, c in counts_of.items()}}
     return res

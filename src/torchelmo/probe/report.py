@@ -83,7 +83,7 @@ def _summarize(trained: dict, control: dict | None, key: str, baseline: dict) ->
             out["gamma"] = trained["mix"]["gamma"]
         intervals["mix"] = trained["mix"]["ci"]
     out["intervals"] = intervals
-    runs = {name: r for name, r in [*trained["layers"].items(), *([("mix", trained["mix"])] if "mix" in trained else [])]}
+    runs = {**trained["layers"], **({"mix": trained["mix"]} if "mix" in trained else {})}
     n_seeds = max((len(r.get("seeds", ())) for r in runs.values()), default=1)
     if n_seeds > 1:
         out["seeds"], out["sd"] = n_seeds, {name: r["sd"] for name, r in runs.items()}

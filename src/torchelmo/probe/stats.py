@@ -155,8 +155,9 @@ class UnitScores:
         unit's document: what every interval above was computed from."""
         return {"k": self.k, "seeds": max((len(v) for v in self.counts.values()), default=0),
                 "resampled": "documents" if self.groups is not None else "units",
-                "documents": self.groups, "counts": {n: _plain(self._all(n)) for n in self.counts}}
+                "documents": self.groups, "counts": {n: as_lists(self._all(n)) for n in self.counts}}
 
 
-def _plain(c: np.ndarray) -> list:
+def as_lists(c: np.ndarray) -> list:
+    """Per-unit counts as JSON lists (whole numbers as ints)."""
     return c.astype(np.int64).tolist() if np.array_equal(c, np.round(c)) else c.tolist()

@@ -32,7 +32,7 @@ import torch
 from ..errors import ElmoError
 from .common import layer_names
 from .features import Features
-from .stats import bootstrap_ci, paired_diff_ci
+from .stats import as_lists, bootstrap_ci, paired_diff_ci
 
 # The readers live in .wsd_data; re-exported here, where the probe's users have always found them.
 from .wsd_data import (
@@ -342,7 +342,7 @@ def run_wsd(train: WsdCorpus, train_feats: Features, test: WsdCorpus, test_feats
     res["units"] = {"k": 3, "seeds": 1, "resampled": where,
                     "documents": None if groups is None else groups.tolist(),
                     "ids": [i.id for i in test.instances], "dev_prefix": dev_prefix,
-                    "counts": {n: c.astype(np.int64).tolist() for n, c in unit_counts.items()}}
+                    "counts": {n: as_lists(c) for n, c in unit_counts.items()}}
     return res
 
 
