@@ -27,9 +27,16 @@ laid anew, the machine's other files are kept, until the machine changes. Steps 
    ``best/`` model copied to RUN/milestones/ when it is that validation's model (the models the
    probes compare along the way).
 
+4. The milestones of the validations in :data:`KEPT` (about 20M, 40M, 80M and 120M tokens) go into
+   the repository, ``results/science/RUN/models/step-NNNNNN`` (fp16 safetensors with the record
+   ``elmo train --continue-from`` needs, the SHA-256 in the run's record): the models the probes
+   describe, and where the run goes on from if ``../runs`` is lost. Commit them with the record.
+
 If the record says the run got further than the checkpoints on this machine, ``../runs`` was lost:
-``train`` stops and says so; ``--restart-lost WHY`` starts the run again from step 0 with the
-loss written into the record (the steps, tokens, hours and milestones that went).
+``train`` stops and says so; ``--restart-lost WHY`` continues the run from the latest milestone in
+the repository (``elmo train --continue-from``: its weights, step, schedule and data position, a
+fresh optimizer warmed up again), or from step 0 if there is none, with the loss written into the
+record (the steps, tokens, hours and milestones that went).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import argparse
 import dataclasses
 import datetime
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -53,10 +61,45 @@ DATA = ROOT.parent / "shared" / "data"
 PROBES = ROOT / "results" / "probe"
 MIN_COUNT = 3
 RUN = "small-160m"   # set by --run
+# The validations (every eval_every steps) whose milestones go into the repository: an early one,
+# then every 40M tokens or so, so that a lost ../runs costs at most that much training.
+KEPT = (2, 4, 8, 12)
 
 
 def config_path() -> Path:
     return CONFIGS / f"{RUN}.json"
+
+
+def models_dir() -> Path:
+    """The run's milestones kept in the repository."""
+    return ROOT / "results" / "science" / RUN / "models"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def keep_in_repository(run: Path, name: str) -> Path:
+    """A milestone of ``run`` into :func:`models_dir`: fp16 storage (half the size; loading
+    computes in fp32), with its ``training.json`` record, from which the run can be continued."""
+    from torchelmo.lm.model import LanguageModel
+    src, dest = run / "milestones" / name, models_dir() / name
+    meta = json.loads((src / "training.json").read_text(encoding="utf-8"))
+    LanguageModel.from_pretrained(src).save_pretrained(dest, extra={"train": meta["train"]}, dtype="float16")
+    mib = sum(p.stat().st_size for p in dest.iterdir()) / 2**20
+    print(f"science.py: milestone {name} kept in {dest.relative_to(ROOT)} ({mib:.1f} MiB): commit it with "
+          "the record", file=sys.stderr)
+    return dest
+
+
+def committed_models() -> dict[str, int]:
+    """The milestones in the repository, name -> step."""
+    d = models_dir()
+    return {p.name: int(p.name.split("-")[-1]) for p in sorted(d.glob("step-*")) if (p / "model.safetensors").is_file()}
 
 
 def record_path() -> Path:
@@ -82,10 +125,10 @@ def run_dir(cfg: dict) -> Path:
     return (ROOT / cfg["out_dir"]).resolve()
 
 
-def sh(cmd: list[str], log: Path | None = None, stopped_ok: bool = False) -> int:
+def sh(cmd: list[str], log: Path | None = None, stopped_ok: bool = False, on_line=None) -> int:
     """Run ``cmd`` from the repository root, echoing (and appending to ``log``) its output.
     ``stopped_ok``: exit 130/143 (``elmo train`` stopped by SIGINT/SIGTERM, checkpoint written)
-    is returned, not an error."""
+    is returned, not an error. ``on_line``: called with each line of output."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(log, "a", encoding="utf-8") if log else open(os.devnull, "w") as f:
@@ -93,6 +136,8 @@ def sh(cmd: list[str], log: Path | None = None, stopped_ok: bool = False) -> int
             sys.stderr.write(line)
             f.write(line)
             f.flush()
+            if on_line is not None:
+                on_line(line)
     if proc.wait() != 0 and not (stopped_ok and proc.returncode in (130, 143)):
         sys.exit(f"science.py: {' '.join(cmd[:4])} failed (exit {proc.returncode})")
     return proc.returncode
@@ -172,16 +217,24 @@ def train(args) -> int:
     record = load_record()
     before = checkpoint_progress(run)
     recorded = record.get("progress", {"step": 0, "tokens": 0, "seconds": 0.0})
+    continue_from = None
     if recorded["step"] > before["step"]:
+        kept = {n: s for n, s in committed_models().items() if before["step"] < s <= recorded["step"]}
+        latest = max(kept, key=kept.get) if kept else None
         if not args.restart_lost:
             sys.exit(f"science.py: the record says run {RUN} reached step {recorded['step']:,} "
                      f"({recorded['tokens']:,} tokens), but {run} holds step {before['step']:,}: its "
                      "checkpoints were lost (a new machine?). Give --restart-lost WHY to train again "
-                     "from that checkpoint (step 0 if none) with the loss recorded")
+                     + (f"from the milestone in the repository, {latest}" if latest else
+                        "from that checkpoint (step 0 if none)") + " with the loss recorded")
+        if latest:
+            continue_from = models_dir() / latest
         record.setdefault("lost", []).append({
             "noticed": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "why": args.restart_lost,
-            "recorded": recorded, "resumed_from": before, "milestones": record.get("milestones", [])})
-        record["milestones"] = []
+            "recorded": recorded, "resumed_from": before, "milestones": record.get("milestones", []),
+            **({"continued_from": {"model": latest, "step": kept[latest]}} if latest else {})})
+        ours = committed_models()   # the milestones the continued run still descends from
+        record["milestones"] = [n for n in record.get("milestones", []) if latest and ours.get(n, 1 << 62) <= kept[latest]]
     run.mkdir(parents=True, exist_ok=True)
     n_valid = len(validations(run))
     started, t0, code = datetime.datetime.now(datetime.UTC), time.monotonic(), code_version()
@@ -191,7 +244,24 @@ def train(args) -> int:
         cmd += ["--threads", str(args.threads)]
     if args.new_data:
         cmd += ["--new-data"]
-    rc = sh(cmd, log=run / "train.log", stopped_ok=True)   # a signal stops the chunk with a checkpoint
+    if continue_from is not None:
+        cmd += ["--continue-from", os.path.relpath(continue_from, ROOT)]
+    # Each validation's model is kept as a milestone as soon as it is written (best/ holds only
+    # the latest improving one): on the next line of output after the validation's.
+    pending: list[int] = []
+
+    def keep_milestone(line: str) -> None:
+        if pending and best_step(run) == pending[0]:
+            dest = run / "milestones" / f"step-{pending[0]:06d}"
+            if not dest.exists():
+                shutil.copytree(run / "best", dest)
+        if pending and not line.startswith(f"step {pending[0]} validation"):
+            pending.clear()
+        if " validation ppl " in line and line.startswith("step "):
+            pending[:] = [int(line.split()[1])]
+
+    rc = sh(cmd, log=run / "train.log", stopped_ok=True, on_line=keep_milestone)   # a signal stops the chunk with a checkpoint
+    keep_milestone("")
     after, valid = checkpoint_progress(run), validations(run)
     threads = args.threads or cfg.get("threads")
     chunk = {"started": started.isoformat(timespec="seconds"), "wall_seconds": round(time.monotonic() - t0, 1),
@@ -202,18 +272,17 @@ def train(args) -> int:
              "validations": valid[n_valid:]}
     if args.new_data:
         chunk["new_data"] = args.new_data
+    if continue_from is not None:
+        chunk["continued_from"] = continue_from.name
     if rc:
         chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(chunk) + "\n")
-    # best/ holds the model of the chunk's best validation, if one improved on every earlier one
-    # (not always its last: the end of the budget validates again, two steps after the last
-    # scheduled validation); the models of the other validations were not kept.
-    kept = best_step(run)
-    if any(v["step"] == kept for v in valid[n_valid:]):
-        dest = run / "milestones" / f"step-{kept:06d}"
-        if not dest.exists():
-            shutil.copytree(run / "best", dest)
+    for v in valid[n_valid:]:
+        name = f"step-{v['step']:06d}"
+        if v["step"] // cfg["eval_every"] in KEPT and (run / "milestones" / name).is_dir() \
+                and name not in committed_models():
+            keep_in_repository(run, name)
     record.setdefault("chunks", []).append(chunk)
     write_record(cfg, record)
     return 0
@@ -225,9 +294,11 @@ def write_record(cfg: dict, record: dict | None = None) -> None:
     record = load_record() if record is None else record
     run = run_dir(cfg)
     chunks = record.get("chunks", [])
-    # A loss that training restarted after ends the validations that describe the current model.
-    lost_at = max((i for i, c in enumerate(chunks) for x in record.get("lost", [])
-                   if x.get("resumed_from") is not None and c["started"] < x["noticed"]), default=-1)
+    def current(chunk: dict, step: int) -> bool:
+        """Whether a validation describes the model trained now: not one of a model lost since,
+        unless the run was continued from a milestone at or after it."""
+        return not any(x.get("resumed_from") is not None and chunk["started"] < x["noticed"]
+                       and step > x.get("continued_from", {}).get("step", -1) for x in record.get("lost", []))
     progress = checkpoint_progress(run) if (run / "checkpoint.pt").is_file() else record.get(
         "progress", checkpoint_progress(run))
     counts = json.loads((CORPUS / "counts.json").read_text()) if (CORPUS / "counts.json").is_file() else None
@@ -247,8 +318,11 @@ def write_record(cfg: dict, record: dict | None = None) -> None:
         "validation": [{"step": v["step"], "tokens": v["step"] * tokens_per_step,
                         "ppl_forward": round(v["valid_ppl_forward"], 2), "ppl_backward": round(v["valid_ppl_backward"], 2),
                         "ppl_mean": round(v["valid_ppl_mean"], 2)}
-                       for c in chunks[lost_at + 1:] for v in c.get("validations", [])],
+                       for c in chunks for v in c.get("validations", []) if current(c, v["step"])],
         "milestones": milestones,
+        # The milestones in the repository (fp16), each with the SHA-256 of its weights.
+        "models": {n: {"step": st, "sha256": sha256(models_dir() / n / "model.safetensors")}
+                   for n, st in committed_models().items()},
         **({"lost": record["lost"]} if record.get("lost") else {}),
     }
     path = record_path()
@@ -270,9 +344,11 @@ def probe(args) -> int:
     if args.model == "default":
         model, label, tokens = "default", "default", None
     else:
-        model = os.path.relpath(run / "milestones" / args.model, ROOT)   # the results name no machine's paths
+        # The one in the repository if it is there (the results name it), else the run's.
+        where = models_dir() if args.model in committed_models() else run / "milestones"
+        model = os.path.relpath(where / args.model, ROOT)   # the results name no machine's paths
         if not (ROOT / model).is_dir():
-            sys.exit(f"science.py: no milestone {args.model} in {run / 'milestones'}")
+            sys.exit(f"science.py: no milestone {args.model} in {models_dir().relative_to(ROOT)} or {run / 'milestones'}")
         step = int(args.model.split("-")[-1])
         tokens = step * cfg["batch_size"] * cfg["unroll"]
         label = f"science-{tokens / 1e6:.0f}M"

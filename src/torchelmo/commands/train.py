@@ -90,6 +90,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     add_quiet_args(g)
     g.add_argument("--resume", action="store_true", default=S,
                    help="continue from OUT/checkpoint.pt if there is one (else start)")
+    g.add_argument("--continue-from", metavar="MODEL_DIR", default=S,
+                   help="a run whose checkpoints are lost: continue it from one of the models it saved "
+                        "(OUT/best, OUT/model, or a copy) at that model's step, schedule and data position; "
+                        "inexact: the optimizer's moments start empty and the lr warms up again")
     g.add_argument("--new-data", action="store_true", default=S,
                    help="with --resume, after the training files changed: start a new epoch on "
                         "them (a saved position is only valid for the files it was saved on)")

@@ -218,11 +218,13 @@ class LanguageModel(nn.Module):
                 "variational_dropout": self.variational_dropout, "weight_drop": self.weight_drop,
                 "vocab_file": VOCAB_NAME, "vocab_size": len(self.vocab)}
 
-    def save_pretrained(self, out_dir: str | Path, extra: dict | None = None) -> Path:
-        """Native model dir: the biLM (readable by ``BiLM.from_pretrained``) + softmax + vocab."""
+    def save_pretrained(self, out_dir: str | Path, extra: dict | None = None, dtype: str = "float32") -> Path:
+        """Native model dir: the biLM (readable by ``BiLM.from_pretrained``) + softmax + vocab;
+        ``dtype``: the weights' type on disk (loading computes in fp32)."""
         out_dir = Path(out_dir)
         tensors = {f"softmax.{k}": v for k, v in self.softmax.state_dict().items()}
-        save_native(self.bilm, out_dir, extra_tensors=tensors, extra_config={**self.lm_config(), **(extra or {})})
+        save_native(self.bilm, out_dir, extra_tensors=tensors, extra_config={**self.lm_config(), **(extra or {})},
+                    dtype=dtype)
         self.vocab.save(out_dir / VOCAB_NAME)
         return out_dir
 

@@ -12,6 +12,12 @@
     world_size       ranks that wrote it
     step, tokens_seen, elapsed, best, bad_evals, lr_scale     see Progress
 
+A model the run saves (``best/``, ``model/``) records in its ``training.json`` what continuing
+the run from it needs (:func:`continuation`): the configuration, the progress and the data
+position. ``elmo train --continue-from DIR`` goes on from there when the checkpoints are lost;
+inexactly: the optimizer's moments, the carried LSTM state and the dropout streams start afresh
+(the learning rate warms up again), and weights stored in fp16 come back rounded.
+
 ``RUN/checkpoints/step-NNNNNNNN.pt`` keeps the last few (``keep_checkpoints``) for averaging.
 ``RUN/train.lock`` is the run's lock (:func:`hold_run_dir`): one trainer per directory.
 """
@@ -31,7 +37,7 @@ import torch
 
 from ..errors import ElmoError
 from ..io.fileio import GuardedWriter, atomic_path, check_path_name, lock_file, refused_global, write_error
-from ..lm.model import LanguageModel
+from ..lm.model import EXTRA_CONFIG_NAME, LanguageModel, read_lm_meta
 from ..lm.vocab import Vocabulary
 from ..model import hub
 from ..model.config import ElmoConfig
@@ -47,6 +53,7 @@ REQUIRED_KEYS = {"model", "model_options", "config"}
 # What resuming reads beyond REQUIRED_KEYS; a file without them can still be averaged or scored.
 RESUME_KEYS = {"optimizer", "data", "lstm_state", "rng", "world_size", "step", "tokens_seen", "elapsed",
                "best", "bad_evals", "lr_scale"}
+CONTINUE_KEY = "continue"   # in a saved model's training.json["train"]: see continuation()
 
 
 @dataclass
@@ -60,6 +67,7 @@ class Progress:
     bad_evals: int = 0              # validations since the best one
     lr_scale: float = 1.0           # product of lr decays so far
     last_valid_step: int | None = None   # the step of the last validation
+    rewarm_from: int | None = None       # continued from a saved model at this step (lr warms up again)
 
 
 def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, optimizer: torch.optim.Optimizer,
@@ -71,7 +79,7 @@ def make_checkpoint(cfg: TrainConfig, progress: Progress, lm: LanguageModel, opt
         "lstm_state": lstm_state, "rng": rng, "best": progress.best, "bad_evals": progress.bad_evals,
         "lr_scale": progress.lr_scale, "model_options": lm.bilm.config.to_options(),
         "cutoffs": getattr(lm.softmax, "cutoffs", None), "last_valid_step": progress.last_valid_step,
-        "vocab_digest": lm.vocab.digest,
+        "vocab_digest": lm.vocab.digest, "rewarm_from": progress.rewarm_from,
     }
 
 
@@ -197,6 +205,9 @@ def check_resume_fields(ckpt: dict, path: str | Path) -> None:
         ("last_valid_step", ckpt.get("last_valid_step") is None
          or (_whole(ckpt["last_valid_step"]) and _whole(step) and ckpt["last_valid_step"] <= step),
          "None or a step no later than the checkpoint's"),
+        ("rewarm_from", ckpt.get("rewarm_from") is None
+         or (_whole(ckpt["rewarm_from"]) and _whole(step) and ckpt["rewarm_from"] <= step),
+         "None or a step no later than the checkpoint's"),
         ("world_size", _whole(ckpt["world_size"], 1 << 20) and ckpt["world_size"] >= 1, "a whole number >= 1"),
         ("rng", isinstance(ckpt["rng"], list) and all(
             isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8
@@ -293,7 +304,8 @@ def restore(ckpt: dict, lm: LanguageModel, optimizer: torch.optim.Optimizer, bat
         optimizer.load_state_dict(ckpt["optimizer"])
         batcher.load_state_dict(ckpt["data"], new_data=new_data, where=str(path))
         return Progress(int(ckpt["step"]), int(ckpt["tokens_seen"]), float(ckpt["elapsed"]), float(ckpt["best"]),
-                        int(ckpt["bad_evals"]), float(ckpt["lr_scale"]), ckpt.get("last_valid_step"))
+                        int(ckpt["bad_evals"]), float(ckpt["lr_scale"]), ckpt.get("last_valid_step"),
+                        ckpt.get("rewarm_from"))
     except ElmoError:
         raise   # already one line naming what is wrong (a changed corpus)
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:
@@ -350,6 +362,63 @@ class Checkpointer:
                      f"{env.world_size}; dropout RNG streams are reseeded (the data continues exactly)")
             seed_rngs(cfg.seed * 1000 + 1 + env.rank + 7919 * progress.step)
         return progress, state
+
+
+def continuation(cfg: TrainConfig, progress: Progress, batcher) -> dict:
+    """What a saved model of the run records (in ``training.json``) so that the run can be
+    continued from it by :func:`continue_point`: its configuration, progress and data position."""
+    p = asdict(progress)
+    if math.isinf(p["best"]):
+        p["best"] = None      # JSON has no infinity
+    return {"config": asdict(cfg), "progress": p, "data": batcher.state_dict()}
+
+
+def continue_point(model_dir: str | Path, cfg: TrainConfig, lm: LanguageModel) -> tuple[Progress, dict]:
+    """Continue a run from one of its saved models (``cfg.continue_from``): its weights into
+    ``lm`` (a new LM of ``cfg``), checked to be this run's; returns where the run stood and its
+    data position. Everything read is checked; a mismatch is one line naming the model."""
+    check_path_name(model_dir)
+    src = Path(model_dir)
+    if not src.is_dir():
+        raise ElmoError(f"--continue-from {src}: no such model directory")
+    meta_path = src / EXTRA_CONFIG_NAME
+    try:
+        train = read_lm_meta(src).get("train")
+    except ElmoError as e:
+        raise ElmoError(f"--continue-from {src}: not a model a training run saved ({e})") from None
+    point = train.get(CONTINUE_KEY) if isinstance(train, dict) else None
+    if not isinstance(point, dict) or not all(isinstance(point.get(k), dict) for k in ("config", "progress", "data")):
+        raise ElmoError(f"--continue-from {src}: not a model a training run saved with what continuing "
+                        f"it needs (no {CONTINUE_KEY!r} record of config, progress and data in {meta_path.name})")
+    saved, given = point["config"], asdict(cfg)
+    fixed = set(given) - RESUME_OVERRIDABLE - set(PER_INVOCATION)
+    changed = [f"{k} ({saved.get(k)!r} -> {given[k]!r})" for k in sorted(fixed)
+               if k in saved and given[k] != saved[k] and given[k] not in ("auto", None)]
+    if changed:
+        raise ElmoError(f"--continue-from {src}: the run it was saved from had other settings: {'; '.join(changed)}")
+    pr = point["progress"]
+    step = pr.get("step")
+    fields = [("step", _whole(step)), ("tokens_seen", _whole(pr.get("tokens_seen"), MAX_COUNT * 10**6)),
+              ("elapsed", _real(pr.get("elapsed")) and 0 <= pr["elapsed"] < math.inf),
+              ("best", pr.get("best") is None or (_real(pr["best"]) and pr["best"] >= 1)),
+              ("bad_evals", _whole(pr.get("bad_evals"))),
+              ("lr_scale", _real(pr.get("lr_scale")) and 0 < pr["lr_scale"] < math.inf)]
+    bad = [name for name, ok in fields if not ok]
+    if bad:
+        raise ElmoError(f"--continue-from {meta_path}: {', '.join(bad)} of its progress malformed (the file is damaged)")
+    old = LanguageModel.from_pretrained(src)
+    if old.vocab.digest != lm.vocab.digest:
+        raise ElmoError(f"--continue-from {src}: its vocabulary ({len(old.vocab):,} words) is not the run's "
+                        f"({len(lm.vocab):,} words, {cfg.vocab or 'built from --train'}): words changed, added or reordered")
+    try:
+        lm.load_state_dict(old.state_dict())    # fp16 storage comes back as fp32
+    except RuntimeError as e:
+        msg = " ".join(str(e).split())[:200]
+        raise ElmoError(f"--continue-from {src}: its weights do not fit the run's model ({msg})") from None
+    progress = Progress(step, pr["tokens_seen"], float(pr["elapsed"]),
+                        math.inf if pr["best"] is None else float(pr["best"]), pr["bad_evals"],
+                        float(pr["lr_scale"]), step, rewarm_from=step)
+    return progress, point["data"]
 
 
 def lm_from_checkpoint(ckpt: dict, path: str | Path, vocab: Vocabulary | None = None,

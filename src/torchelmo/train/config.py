@@ -40,7 +40,10 @@ RESUME_OVERRIDABLE = {"max_steps", "epochs", "log_every", "eval_every", "checkpo
                       "precision"}
 # Fields that belong to one invocation: a resumed run takes them from its own command line (or
 # their defaults), never from the checkpoint.
-PER_INVOCATION = {"time_limit": None, "overwrite": False, "new_data": False}
+PER_INVOCATION = {"time_limit": None, "overwrite": False, "new_data": False, "continue_from": None}
+# Steps over which a run continued from a saved model warms its learning rate up again (its
+# optimizer starts with empty moments) when the run has no warm-up of its own.
+REWARM_STEPS = 1000
 
 
 @dataclass
@@ -84,6 +87,7 @@ class TrainConfig:
     overwrite: bool = False                # start over in an out_dir that holds a run (deleting it)
     new_data: bool = False                 # with resume: the corpus files changed; a new epoch starts on them
     init_from: str | None = None
+    continue_from: str | None = None       # a saved model of this run (best/, model/): continue it, inexactly
     threads: int | None = None
     device: str = "auto"
     block_lines: int = 1_000_000
@@ -157,10 +161,13 @@ class TrainConfig:
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise bad(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
 
-    def lr_factor(self, step: int) -> float:
+    def lr_factor(self, step: int, rewarm_from: int | None = None) -> float:
         """The schedule's multiplier for the update after ``step`` finished steps (a pure function
-        of the step, so a resumed run follows the same curve)."""
+        of the step, so a resumed run follows the same curve). ``rewarm_from``: the step a run was
+        continued at from a saved model; its fresh optimizer warms up again from there."""
         f = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        if rewarm_from is not None:
+            f *= min(1.0, (step + 1 - rewarm_from) / (self.warmup_steps or REWARM_STEPS))
         if self.lr_schedule == "constant":
             return f
         frac = min(1.0, step / max(1, self.max_steps))

@@ -26,7 +26,7 @@ from ..lm.vocab import Vocabulary
 from ..model.folders import RUN_CONFIG_NAME
 from ..runtime import check_allocation, keep_heap, resolve_device, set_threads, write
 from . import checkpoint as ckpt_io
-from .config import TrainConfig
+from .config import REWARM_STEPS, TrainConfig
 from .distributed import DistEnv, seed_rngs, setup_distributed
 from .metrics import MetricsLog
 from .progress import StopSignals, Window, progress_bar, report, stop_reason
@@ -66,7 +66,7 @@ def make_batcher(cfg: TrainConfig, vocab: Vocabulary, env: DistEnv) -> StreamBat
 def build_lm(cfg: TrainConfig, vocab: Vocabulary, log: Callable[[str], None]) -> LanguageModel:
     """A new LM per ``cfg``: fresh, or started from ``cfg.init_from``."""
     softmax = None if cfg.softmax == "auto" else cfg.softmax
-    if cfg.init_from:
+    if cfg.init_from and not cfg.continue_from:   # continuing: the weights come from the saved model
         return LanguageModel.init_from(cfg.init_from, vocab, softmax=softmax, num_samples=cfg.num_samples,
                                        log=log, regularisation=cfg.regularisation())
     return LanguageModel(cfg.model_config(), vocab, softmax=cfg.softmax, num_samples=cfg.num_samples,
@@ -113,6 +113,7 @@ class Trainer:
         self._log = log or write     # through tqdm: a log line never lands on the progress bar
         self.state = None            # carried LSTM state (stream batching)
         self.progress = ckpt_io.Progress()
+        self.continued: tuple[ckpt_io.Progress, dict] | None = None   # --continue-from's point
         self.checkpoints = ckpt_io.Checkpointer(cfg, self.env, self.device, self.out, self.log)
 
     def setup(self) -> Trainer:
@@ -136,6 +137,8 @@ class Trainer:
                                                  load_weights=False)
         else:
             self.lm = build_lm(cfg, self.vocab, self.log)
+            if cfg.continue_from:
+                self.continued = ckpt_io.continue_point(cfg.continue_from, cfg, self.lm)
         cfg.softmax = softmax_kind(self.lm.softmax)  # resolved, so that a resume rebuilds the same
         self.lm.to(self.device)
         self.lm.bilm.precision = cfg.precision   # applied by the model, once per step and evaluation
@@ -155,11 +158,20 @@ class Trainer:
             self.progress, self.state = self.checkpoints.restore(self.resumed, self.lm, self.optimizer, self.batcher)
             self._set_lr()
             self.log(f"resumed from {self.checkpoints.path} at step {self.step}")
+        elif self.continued is not None:
+            self.progress, data = self.continued
+            self.batcher.load_state_dict(data, new_data=self.cfg.new_data, where=f"--continue-from {self.cfg.continue_from}")
+            seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank + 7919 * self.step)
+            self._set_lr()
+            self.log(f"continued from {self.cfg.continue_from} at step {self.step}, inexactly: the optimizer's "
+                     f"moments, the carried LSTM state and the dropout streams start afresh, and the learning "
+                     f"rate warms up again over {self.cfg.warmup_steps or REWARM_STEPS:,} steps")
         else:
             seed_rngs(self.cfg.seed * 1000 + 1 + self.env.rank)  # dropout masks differ per rank
         self.model = wrap_ddp(self.lm, self.env, self.device)
         self.stepper = Stepper(self.cfg, self.env, self.device, self.model, self.lm, self.optimizer, self.batcher)
-        self.validate_at = Validator(self.cfg, self.env, self.lm, self.out, self.log)
+        self.validate_at = Validator(self.cfg, self.env, self.lm, self.out, self.log,
+                                     lambda p: ckpt_io.continuation(self.cfg, p, self.batcher))
 
     def cleanup(self) -> None:
         """Tear down the process group, if this run started one."""
@@ -184,7 +196,8 @@ class Trainer:
         self.checkpoints.save(self.progress, self.lm, self.optimizer, self.batcher, self.state)
 
     def _set_lr(self) -> None:
-        lr = self.cfg.learning_rate * self.progress.lr_scale * self.cfg.lr_factor(self.step)
+        p = self.progress
+        lr = self.cfg.learning_rate * p.lr_scale * self.cfg.lr_factor(self.step, p.rewarm_from)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
 
@@ -222,6 +235,8 @@ class Trainer:
                  f"{len(self.vocab):,} types), {env.world_size} rank(s) on {self.device}, "
                  f"{cfg.batching} batches, {cfg.optimizer} lr {cfg.learning_rate}")
         metrics = MetricsLog(self.out, self.step if self.resumed is not None else None) if env.is_main else None
+        if metrics is not None and self.continued is not None:
+            metrics.record({"step": self.step, "continued_from": str(cfg.continue_from)})
         bar = progress_bar(env.is_main and cfg.progress, cfg.max_steps, self.step)
         window, stopped_early, last_eval = Window(), False, None
         done = lambda: cfg.max_steps is not None and self.step >= cfg.max_steps  # noqa: E731
@@ -289,7 +304,8 @@ class Trainer:
             self.save_checkpoint()
         if self.env.is_main:
             _write_models(self.lm, self.out, {"train": {"steps": self.step, "tokens": p.tokens_seen,
-                                                        "seconds": round(p.elapsed, 1), "config": asdict(cfg)}})
+                                                        "seconds": round(p.elapsed, 1), "config": asdict(cfg),
+                                                        ckpt_io.CONTINUE_KEY: ckpt_io.continuation(cfg, p, self.batcher)}})
         return last_eval
 
 
@@ -333,6 +349,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] | None = None, resume_fro
             settings, resume_from = ckpt_io.resume_point(cfg.out_dir, asdict(cfg))
             if resume_from is not None:
                 cfg = TrainConfig.from_dict(settings, str(Path(cfg.out_dir) / ckpt_io.CHECKPOINT_NAME))
+        if resume_from is not None and cfg.continue_from:
+            raise ElmoError(f"{cfg.out_dir}: holds a checkpoint (step {resume_from['step']:,}); --resume alone "
+                            "continues it exactly (--continue-from is for a run whose checkpoints are lost)")
         if resume_from is None:   # a new run: checked on every rank before anything is written
             ckpt_io.claim_run_dir(cfg.out_dir, cfg.overwrite, cfg.resume, delete=main)
         trainer = Trainer(cfg, log, resume_from)

@@ -1,18 +1,19 @@
 """Validation during training: the held-out perplexity on rank 0, the best model kept in
-``OUT/best``, the learning rate decayed when validation stops improving, and that bookkeeping
+``OUT/best`` (with what continuing the run from it needs), the learning rate decayed when validation stops improving, and that bookkeeping
 shared with every rank."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
 
 from ..io.fileio import own_directory
 from ..lm.model import LanguageModel
-from .checkpoint import Progress
+from .checkpoint import CONTINUE_KEY, Progress
 from .config import TrainConfig
 from .distributed import DistEnv
 from .metrics import MetricsLog
@@ -20,8 +21,11 @@ from .metrics import MetricsLog
 
 class Validator:
     def __init__(self, cfg: TrainConfig, env: DistEnv, lm: LanguageModel, out: Path,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], continuation: Callable[[Progress], dict] | None = None) -> None:
+        """``continuation``: what ``best/`` records for continuing the run from it (the trainer's
+        :func:`~torchelmo.train.checkpoint.continuation`)."""
         self.cfg, self.env, self.lm, self.out, self.log = cfg, env, lm, out, log
+        self.continuation = continuation
 
     def evaluate(self) -> dict:
         """Validation perplexity (``cfg.eval_mode``) of the current model."""
@@ -43,8 +47,10 @@ class Validator:
                      f"{r['ppl_backward']:.2f} mean {r['ppl_mean']:.2f}")
             if r["ppl_mean"] < p.best:
                 p.best, p.bad_evals = r["ppl_mean"], 0
-                self.lm.save_pretrained(own_directory(self.out / "best"),
-                                        extra={"train": {"steps": p.step, "valid": result}})
+                train = {"steps": p.step, "valid": result}
+                if self.continuation is not None:
+                    train[CONTINUE_KEY] = self.continuation(replace(p, last_valid_step=p.step))
+                self.lm.save_pretrained(own_directory(self.out / "best"), extra={"train": train})
             else:
                 p.bad_evals += 1
                 if self.cfg.lr_decay < 1.0:
