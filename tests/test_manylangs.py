@@ -375,11 +375,29 @@ def test_elmo_commands_take_the_folder(models, tmp_path, capsys):
     assert main(["info", str(models["words"])]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["layout"] == "ELMoForManyLangs" and info["output_dim"] == 2 * P
-    # Export's graph takes batch_to_ids' ids, not this model's: one line saying so.
-    assert main(["export", str(models["words"]), str(tmp_path / "m.pt")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "own lexicons" in err[0]
-    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["words", "chars"])
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+def test_export_takes_the_folder(models, kind, suffix, tmp_path, capsys):
+    # The exported graph takes this model's ids (its lexicons; <bos>/<eos> included) and gives
+    # what the stateless model gives, padding and sentence boundaries included.
+    pytest.importorskip("onnxruntime") if suffix == ".onnx" else None
+    from torchelmo.cli import main
+    from torchelmo.integrations.onnx import inputs_for, run_exported
+    out = tmp_path / f"m{suffix}"
+    assert main(["export", str(models[kind]), str(out)]) == 0
+    assert "matches the eager model" in capsys.readouterr().out
+    bilm = ManyLangsBiLM.from_dir(models[kind], stateful=False)
+    inputs = inputs_for(bilm, SENTS)
+    assert list(inputs) == ["word_ids", "char_ids", "lengths"]
+    layers, mask = run_exported(out, inputs)
+    with torch.no_grad():
+        want = bilm(inputs["word_ids"] if kind == "words" else None, inputs["char_ids"], inputs["lengths"])
+    assert torch.equal(mask, want.mask)
+    assert (layers - torch.stack(want.layers)).abs().max() < 1e-5
+    # Each sentence's own vectors sit between <bos> and <eos>: the ones their Embedder gives.
+    assert_same(first_call(models[kind]), [layers[:, i, 1:len(s) + 1].numpy() for i, s in enumerate(SENTS)])
 
 
 @pytest.mark.parametrize("kind", ["words", "chars"])

@@ -10,7 +10,8 @@ from ..signals import Interrupts, mark_done
 def add_subcommand(sub) -> None:
     p = sub.add_parser("export", help="export the biLM to ONNX or TorchScript for serving",
                        description="Write the biLM (char ids (B, T, 50) in; layers (L, B, T, 2P) and "
-                                   "mask (B, T) out; dynamic batch and length) as ONNX or TorchScript.")
+                                   "mask (B, T) out; dynamic batch and length) as ONNX or TorchScript. "
+                                   "An ELMoForManyLangs model takes its own lexicons' ids (docs/export.md).")
     p.add_argument("model", help="model directory, published name, Hub id, or 'default'")
     p.add_argument("out", help="output file (.onnx, .pt or .ts unless --format is given)")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's suffix)")

@@ -17,6 +17,9 @@ through the TorchScript-based exporter (``dynamo=False``), which turns that scri
 an ONNX ``Loop`` with a dynamic trip count; a traced or ``torch.export``-ed graph would fix the
 length, or need the loop rewritten as a higher-order op.
 
+An ELMoForManyLangs model (:class:`ExportableManyLangs`) takes its own lexicons' ids instead,
+word ids, char ids and lengths, ``<bos>``/``<eos>`` included, and keeps them in the output.
+
 Weights are read through the published layout (``torchelmo.model.weights``), the one description of
 a biLM's parameters that every format shares, so this module does not depend on how the eager
 layers store them.
@@ -39,12 +42,13 @@ from ..model import weights
 from ..model.bilm import BiLM, reversal_index, reverse_padded, with_boundaries
 from ..model.chars import BOS_IDS, EOS_IDS, batch_to_ids
 from ..model.encoder import PAD_ID, highway_mix
+from ..model.manylangs import ManyLangsBiLM
 from ..numerics import cell
 from ..numerics.lstm import FORGET_BIAS  # the published B leaves the forget gate's 1 out, as bilm-tf does
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript"}
-INPUT_NAMES, OUTPUT_NAMES = ["char_ids"], ["layers", "mask"]
+OUTPUT_NAMES = ["layers", "mask"]
 OPSET = 17
 # 13: the first opset whose loop-carried tensors the exporter can type; 20: the last the
 # TorchScript-based exporter supports.
@@ -77,7 +81,7 @@ class ExportableBiLM(nn.Module):
 
     # Constants to the compiler: the branches on them are resolved at compile time.
     __constants__ = ("cell_clip", "proj_clip", "use_cell_clip", "use_proj_clip", "skip", "relu", "n_filters",
-                     "widest", "narrowest", "pad_id", "cell_dim", "proj_dim")
+                     "widest", "narrowest", "pad_id", "zero_pads", "cell_dim", "proj_dim")
 
     def __init__(self, bilm: BiLM) -> None:
         super().__init__()
@@ -93,6 +97,7 @@ class ExportableBiLM(nn.Module):
         self.n_filters = n
         self.cell_dim, self.proj_dim = cfg.lstm_dim, cfg.projection_dim
         self.pad_id = PAD_ID
+        self.zero_pads = True    # id 0: a padded token position's characters
         # Row 0 (a padded token position's id) stays zero, as in the eager model.
         self.char_embed = nn.Parameter(torch.cat([torch.zeros(1, E), a["char_embed"]]))
         # Every width's filters as one (widest * E + widest - 1, n) matrix, so that one product
@@ -132,13 +137,20 @@ class ExportableBiLM(nn.Module):
         self.eval()
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """``(N, C)`` char ids of tokens -> ``(N, P)`` token embeddings.
+        """``(N, C)`` char ids of tokens -> ``(N, P)`` token embeddings."""
+        return self.proj(self.char_features(ids))
+
+    def char_features(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(N, C)`` char ids of tokens -> ``(N, n_filters)``: the char-CNN and the highways.
 
         Every window that starts at or before the longest token's end: a later window holds
         nothing but padding, the same value as the one starting there. Width w's windows start
         at 0 .. C - w only; later starts (when a token nearly fills C) are masked by the weights."""
         N, C = ids.shape
-        longest = ((ids != self.pad_id) & (ids > 0)).sum(dim=1).max()
+        real = ids != self.pad_id
+        if self.zero_pads:
+            real = real & (ids > 0)
+        longest = real.sum(dim=1).max()
         n_pos = int(torch.clamp(longest, max=C - self.narrowest)) + 1
         span = n_pos + self.widest - 1
         x = F.embedding(ids[:, :min(span, C)], self.char_embed)                  # (N, C', E)
@@ -156,7 +168,7 @@ class ExportableBiLM(nn.Module):
         for hw in self.highways:
             y = hw(h)
             h = highway_mix(y[:, :self.n_filters], y[:, self.n_filters:], h)
-        return self.proj(h)
+        return h
 
     def run_layer(self, layer: _LstmLayer, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``x (2, B, S, in)`` -> ``(2, B, S, P)``, zeros past each row's length; rows sorted by
@@ -198,26 +210,79 @@ class ExportableBiLM(nn.Module):
         ids = with_boundaries(char_ids, lengths, self.bos, self.eos)             # (B, T + 2, C)
         pos = torch.arange(T + 2, device=char_ids.device).unsqueeze(0)          # (1, T + 2)
         full = pos < (lengths + 2).unsqueeze(1)                                  # (B, T + 2)
-        # Only real positions go through the char-CNN, each distinct token once (ONNX Unique), as
-        # in the eager encoder; padding positions take a zero row.
+        tokens, where, slot = self.distinct(ids, full)
+        e = self.place(self.encode(tokens), where, slot, full)                    # (B, T + 2, P)
+        stack = self.contextualise(e, lengths + 2)[:, :, 1:T + 1].index_select(1, torch.argsort(order))
+        # unsqueeze, not view(1, B, T, 1): in ONNX a 0 in a reshape target copies the input's size.
+        return stack * mask.unsqueeze(0).unsqueeze(-1).to(stack.dtype), mask
+
+    def distinct(self, ids: torch.Tensor, full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The distinct tokens of the real positions, ``ids (B, S, C)``, ``full (B, S)`` (True at
+        real positions) -> ``tokens (N, C)``, ``where (V,)`` (each real position's token) and
+        ``slot (B * S,)`` (each position's index among the real ones; V at padding). Only real
+        positions go through the char-CNN, each distinct token once (ONNX Unique), as in the
+        eager encoder."""
+        C = ids.shape[2]
         valid = full.reshape(-1)
         tokens, where = torch.unique(ids.reshape(-1, C).index_select(0, valid.nonzero().squeeze(1)),
                                      sorted=True, return_inverse=True, dim=0)
-        enc = self.encode(tokens).index_select(0, where)                          # (V, P)
-        slot = torch.where(valid, valid.long().cumsum(0) - 1, torch.full_like(valid, enc.shape[0], dtype=torch.long))
-        e = torch.cat([enc, enc.new_zeros(1, enc.shape[1])]).index_select(0, slot).view(B, T + 2, -1)
+        slot = torch.where(valid, valid.long().cumsum(0) - 1, torch.full_like(valid, where.shape[0], dtype=torch.long))
+        return tokens, where, slot
+
+    def place(self, feats: torch.Tensor, where: torch.Tensor, slot: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """Per-token ``feats (N, F)`` back at their positions: ``(B, S, F)``, zeros at padding."""
+        enc = feats.index_select(0, where)                                        # (V, F)
+        return torch.cat([enc, enc.new_zeros(1, enc.shape[1])]).index_select(0, slot).view(full.shape[0], full.shape[1], -1)
+
+    def contextualise(self, e: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``e (B, S, P)`` of rows sorted by ``lengths (B,)``, longest first ->
+        the layer stack ``(L, B, S, 2P)``: ``[e; e]``, then each layer's ``[forward; backward]``."""
+        S = e.shape[1]
         # Each row reversed within its own length: the backward LM's reading order (an involution).
-        rev = reversal_index(lengths + 2, T + 2)
-        x = torch.stack([e, reverse_padded(e, lengths + 2, rev)])                 # (2, B, T + 2, P)
+        rev = reversal_index(lengths, S)
+        x = torch.stack([e, reverse_padded(e, lengths, rev)])                     # (2, B, S, P)
         layers = [torch.cat([e, e], dim=-1)]
         for k, layer in enumerate(self.lstm):
-            out = self.run_layer(layer, x, lengths + 2)
+            out = self.run_layer(layer, x, lengths)
             if self.skip and k > 0:
                 out = out + x
-            layers.append(torch.cat([out[0], reverse_padded(out[1], lengths + 2, rev)], dim=-1))
+            layers.append(torch.cat([out[0], reverse_padded(out[1], lengths, rev)], dim=-1))
             x = out
-        stack = torch.stack(layers)[:, :, 1:T + 1].index_select(1, torch.argsort(order))
-        # unsqueeze, not view(1, B, T, 1): in ONNX a 0 in a reshape target copies the input's size.
+        return torch.stack(layers)
+
+
+class ExportableManyLangs(ExportableBiLM):
+    """An ELMoForManyLangs model's inference computation (:class:`~torchelmo.model.manylangs.ManyLangsBiLM`),
+    scriptable and exportable: ``word_ids (B, T)``, ``char_ids (B, T, C)`` and ``lengths (B,)``
+    as its own lexicons make them (:meth:`ManyLangsVocab.batch
+    <torchelmo.model.manylangs.vocab.ManyLangsVocab.batch>`, ``<bos>``/``<eos>`` included) ->
+    ``layers (L, B, T, 2P)`` (zeros past each row's length) and ``mask (B, T)``, from the zero
+    state. A model without word embeddings ignores ``word_ids``."""
+
+    __constants__ = (*ExportableBiLM.__constants__, "has_words")
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__(bilm)
+        enc = bilm.encoder
+        # Their character lexicon has no padding row 0: the whole table, and only <pad> pads.
+        self.char_embed = nn.Parameter(enc.char_embed.weight.detach().clone())
+        self.pad_id, self.zero_pads = int(enc.pad_id), False
+        self.has_words = enc.word_embed is not None
+        self.word_embed = nn.Parameter(enc.word_embed.weight.detach().clone() if self.has_words else torch.zeros(1, 0))
+        self.requires_grad_(False)
+
+    def forward(self, word_ids: torch.Tensor, char_ids: torch.Tensor,  # type: ignore[override]
+                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        T = char_ids.shape[1]
+        mask = torch.arange(T, device=char_ids.device).unsqueeze(0) < lengths.unsqueeze(1)   # (B, T)
+        lengths, order = torch.sort(lengths, descending=True)
+        char_ids = char_ids.index_select(0, order)
+        full = mask.index_select(0, order)
+        tokens, where, slot = self.distinct(char_ids, full)
+        h = self.place(self.char_features(tokens), where, slot, full)           # (B, T, n_filters)
+        if self.has_words:
+            h = torch.cat([F.embedding(word_ids.index_select(0, order), self.word_embed), h], dim=-1)
+        stack = self.contextualise(self.proj(h), lengths).index_select(1, torch.argsort(order))
         return stack * mask.unsqueeze(0).unsqueeze(-1).to(stack.dtype), mask
 
 
@@ -226,19 +291,28 @@ CHECK_SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Hello", "!"
                    ["Pneumonoultramicroscopicsilicovolcanoconiosis-is-a-very-long-token", "x"]]
 
 
+def inputs_for(bilm: BiLM, sentences: list[list[str]]) -> dict[str, torch.Tensor]:
+    """The exported graph's inputs for ``sentences``, by name: ``char_ids`` (:func:`batch_to_ids`),
+    or for an ELMoForManyLangs model ``word_ids``, ``char_ids`` and ``lengths`` from its lexicons
+    (``word_ids`` zeros for a model without word embeddings)."""
+    if isinstance(bilm, ManyLangsBiLM):
+        word_ids, char_ids, lengths = bilm.vocab.batch([bilm.vocab.sentence(s) for s in sentences])
+        if word_ids is None:
+            word_ids = torch.zeros(char_ids.shape[:2], dtype=torch.long)
+        return {"word_ids": word_ids, "char_ids": char_ids, "lengths": lengths}
+    return {"char_ids": batch_to_ids(sentences)}
+
+
 def exportable(bilm: BiLM) -> torch.jit.ScriptModule:
-    """The biLM as a scripted module: ``char_ids (B, T, 50) -> (layers (L, B, T, 2P), mask (B, T))``."""
-    if not bilm.takes_char_ids:
-        raise ElmoError(f"export: a {type(bilm).__name__} reads tokens through its own lexicons and word "
-                        "embedding, which the exported graph (batch_to_ids char ids in) cannot take; embed "
-                        "with the model itself (elmo embed, or the Python API)")
+    """The biLM as a scripted module: ``char_ids (B, T, 50) -> (layers (L, B, T, 2P), mask (B, T))``
+    (an ELMoForManyLangs model: :class:`ExportableManyLangs`)."""
     if bilm.stateful:
         raise ElmoError("export: a stateful biLM carries state between batches; the export "
                         "starts every sentence from the zero state (load the model without stateful=True)")
     with warnings.catch_warnings():
         # Deprecated in favour of torch.export, which cannot keep a loop of dynamic length.
         warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.script(ExportableBiLM(bilm))
+        return torch.jit.script((ExportableManyLangs if isinstance(bilm, ManyLangsBiLM) else ExportableBiLM)(bilm))
 
 
 def format_for(out: str | Path, fmt: str | None) -> str:
@@ -253,50 +327,58 @@ def format_for(out: str | Path, fmt: str | None) -> str:
     return SUFFIXES[suffix]
 
 
-def _write_onnx(module: torch.jit.ScriptModule, example: torch.Tensor, out, opset: int) -> None:
-    dynamic = {"char_ids": {0: "batch", 1: "tokens"}, "layers": {1: "batch", 2: "tokens"},
-               "mask": {0: "batch", 1: "tokens"}}
+def _write_onnx(module: torch.jit.ScriptModule, example: dict[str, torch.Tensor], out, opset: int) -> None:
+    axes = {"word_ids": {0: "batch", 1: "tokens"}, "char_ids": {0: "batch", 1: "tokens"}, "lengths": {0: "batch"},
+            "layers": {1: "batch", 2: "tokens"}, "mask": {0: "batch", 1: "tokens"}}
+    dynamic = {name: axes[name] for name in [*example, *OUTPUT_NAMES]}
     with warnings.catch_warnings():
         # The TorchScript-based exporter is the one that keeps the scripted time loop (see the
         # module docstring); its deprecation notice is not the user's concern.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(module, (example,), str(out), dynamo=False, input_names=INPUT_NAMES,
+        torch.onnx.export(module, tuple(example.values()), str(out), dynamo=False, input_names=list(example),
                           output_names=OUTPUT_NAMES, dynamic_axes=dynamic, opset_version=opset)
 
 
-def run_exported(path: str | Path, char_ids: torch.Tensor, fmt: str | None = None
+def run_exported(path: str | Path, inputs: torch.Tensor | dict[str, torch.Tensor], fmt: str | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run an exported file (TorchScript with torch, ONNX with onnxruntime) on CPU."""
+    """Run an exported file (TorchScript with torch, ONNX with onnxruntime) on CPU; ``inputs``:
+    the char ids, or every input by name in the graph's order (:func:`inputs_for`)."""
     fmt = format_for(path, fmt)
+    inputs = inputs if isinstance(inputs, dict) else {"char_ids": inputs}
     if fmt == "torchscript":
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore", DeprecationWarning)   # torch.jit.load: as in exportable
-            layers, mask = torch.jit.load(str(path), map_location="cpu")(char_ids)
+            layers, mask = torch.jit.load(str(path), map_location="cpu")(*inputs.values())
         return layers, mask
     try:
         import onnxruntime
     except ImportError:
         raise ElmoError("running an ONNX model needs onnxruntime: pip install 'torchelmo[export]'") from None
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    layers, mask = session.run(OUTPUT_NAMES, {"char_ids": char_ids.cpu().numpy()})
+    # The exporter drops an input the graph does not use (word_ids without word embeddings).
+    feed = {i.name: inputs[i.name].cpu().numpy() for i in session.get_inputs()}
+    layers, mask = session.run(OUTPUT_NAMES, feed)
     return torch.from_numpy(layers), torch.from_numpy(mask)
 
 
 def max_difference(bilm: BiLM, path: str | Path, fmt: str | None = None,
                    sentences: list[list[str]] | None = None) -> float:
     """Largest absolute difference between an exported file's layers and the eager model's."""
-    ids = batch_to_ids(sentences or CHECK_SENTENCES)
+    inputs = inputs_for(bilm, sentences or CHECK_SENTENCES)
+    eager = dict(inputs)
+    if isinstance(bilm, ManyLangsBiLM) and bilm.encoder.word_embed is None:
+        eager["word_ids"] = None
     # The export computes in float32: compare with the eager model in fp32, then restore it.
     was_training, precision = bilm.training, bilm.precision
     try:
         bilm.precision = "fp32"
         with torch.no_grad():
-            ref = bilm.eval()(ids.to(bilm.device))
+            ref = bilm.eval()(*(None if t is None else t.to(bilm.device) for t in eager.values()))
     finally:
         bilm.train(was_training)
         bilm.precision = precision
-    layers, mask = run_exported(path, ids, fmt)
+    layers, mask = run_exported(path, inputs, fmt)
     if not torch.equal(mask, ref.mask.cpu()):
         return float("inf")
     return float((layers - torch.stack(ref.layers).float().cpu()).abs().max())
@@ -334,7 +416,7 @@ def export(model: BiLM | str | Path, out: str | Path, format: str | None = None,
                 torch.jit.save(module, data)
                 tmp.write_bytes(data.getvalue())
             else:
-                _write_onnx(module, batch_to_ids(CHECK_SENTENCES), tmp, opset)
+                _write_onnx(module, inputs_for(bilm, CHECK_SENTENCES), tmp, opset)
         except OSError as e:
             raise write_error(out, e, "cannot write the export") from None
         if not verify or (fmt == "onnx" and not _has("onnxruntime")):
