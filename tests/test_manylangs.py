@@ -430,3 +430,37 @@ def test_a_spacy_pipeline_carries_the_folder(models, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     loaded = spacy.load(tmp_path / "pipe")
     np.testing.assert_allclose(loaded("the cat sat .")._.elmo, doc._.elmo, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["words", "chars"])
+def test_flair_embeddings_take_the_folder_and_save_with_the_model(models, kind, tmp_path):
+    # flair's SequenceTagger with the folder as its embeddings: the model's own vectors, and the
+    # saved tagger loads (its lexicons and config in the file, the weights in its state dict)
+    # with the folder gone, giving the same vectors.
+    pytest.importorskip("flair")
+    from flair.data import Dictionary, Sentence
+    from flair.models import SequenceTagger
+
+    from torchelmo.integrations.flair import ELMoEmbeddings
+    folder = shutil.copytree(models[kind], tmp_path / "model")
+    embeddings = ELMoEmbeddings(str(folder), embedding_mode="all")
+    tags = Dictionary(add_unk=True)
+    for t in ("N", "V"):
+        tags.add_item(t)
+    tagger = SequenceTagger(hidden_size=4, embeddings=embeddings, tag_dictionary=tags, tag_type="pos",
+                            use_crf=False, use_rnn=False, reproject_embeddings=False)
+
+    def vectors(emb, words):
+        s = Sentence(list(words))
+        emb.embed(s)
+        return torch.stack([t.get_embedding().cpu() for t in s])
+
+    with torch.no_grad():
+        layers = ManyLangsBiLM.from_dir(folder, stateful=False).embed_sentences([SENTS[0]]).layers
+    want = torch.cat(layers, dim=-1)[0]
+    torch.testing.assert_close(vectors(embeddings, SENTS[0]), want, atol=0, rtol=0)
+    tagger.save(tmp_path / "tagger.pt")
+    shutil.rmtree(folder)
+    loaded = SequenceTagger.load(tmp_path / "tagger.pt")
+    assert isinstance(loaded.embeddings.bilm, ManyLangsBiLM)
+    torch.testing.assert_close(vectors(loaded.embeddings, SENTS[0]), want, atol=0, rtol=0)

@@ -10,7 +10,7 @@ original files, in any process that has imported this module (which registers th
 flair)::
 
     from torchelmo.integrations.flair import ELMoEmbeddings      # instead of flair.embeddings'
-    embeddings = ELMoEmbeddings("small")        # or options_file=..., weight_file=..., or a folder
+    embeddings = ELMoEmbeddings("small")        # or options_file=..., weight_file=..., or any model folder
     tagger = SequenceTagger(hidden_size=256, embeddings=embeddings, tag_dictionary=tags,
                             tag_type="ner")
     ModelTrainer(tagger, corpus).train("out", max_epochs=10)      # best-model.pt, final-model.pt
@@ -37,8 +37,8 @@ from flair.embeddings.token import TokenEmbeddings
 
 from ..errors import ElmoError
 from ..model.bilm import BiLM
-from ..model.chars import batch_to_ids
 from ..model.config import ElmoConfig
+from ..model.manylangs import ManyLangsBiLM
 
 MODES = ("all", "top", "average")
 # flair's names for the published models, as torchelmo's registry spells them
@@ -101,7 +101,7 @@ class ELMoEmbeddings(TokenEmbeddings):
         for i in range(0, len(todo), self.batch_size):
             chunk = todo[i:i + self.batch_size]
             with torch.no_grad():
-                layers = self.bilm(batch_to_ids([[t.text for t in s] for s in chunk])).layers   # (B, T, 2P) each
+                layers = self.bilm.embed_sentences([[t.text for t in s] for s in chunk]).layers   # (B, T, 2P) each
             if self.embedding_mode == "all":
                 vectors = torch.cat(layers, dim=-1)
             elif self.embedding_mode == "top":
@@ -116,14 +116,19 @@ class ELMoEmbeddings(TokenEmbeddings):
     def to_params(self) -> dict[str, Any]:
         """What :meth:`from_params` rebuilds the embeddings from (the biLM's weights travel in the
         flair model's state dict)."""
-        return {"config": self.bilm.config.to_options(), "name": self.name, "embedding_mode": self.embedding_mode,
+        model = (self.bilm.description() if isinstance(self.bilm, ManyLangsBiLM)   # an ELMoForManyLangs folder
+                 else self.bilm.config.to_options())
+        return {"config": model, "name": self.name, "embedding_mode": self.embedding_mode,
                 "batch_size": self.batch_size, "stateful": self.bilm.stateful}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ELMoEmbeddings:
-        config = ElmoConfig.from_options(params["config"], source="flair model: torchelmo.ELMoEmbeddings")
-        embeddings = cls(BiLM(config, stateful=params.get("stateful", False)), embedding_mode=params["embedding_mode"],
-                         batch_size=params["batch_size"])
+        source, stateful = "flair model: torchelmo.ELMoEmbeddings", params.get("stateful", False)
+        if isinstance(params["config"], dict) and params["config"].get("format") == "elmoformanylangs":
+            bilm: BiLM = ManyLangsBiLM.from_description(params["config"], source, stateful=stateful)
+        else:
+            bilm = BiLM(ElmoConfig.from_options(params["config"], source=source), stateful=stateful)
+        embeddings = cls(bilm, embedding_mode=params["embedding_mode"], batch_size=params["batch_size"])
         embeddings.name = params["name"]    # the key its tokens' vectors are stored under
         return embeddings
 

@@ -133,6 +133,31 @@ class ManyLangsBiLM(BiLM):
                                    sources=(model_dir / TOKEN_EMBEDDER_PKL, model_dir / ENCODER_PKL))
         return model.eval()
 
+    def description(self) -> dict[str, Any]:
+        """Everything but the weights, as plain data (their config files and both lexicons): what
+        :meth:`from_description` rebuilds the model from, e.g. inside a saved flair model whose
+        state dict holds the weights."""
+        if self.files is None:
+            raise ElmoError("ManyLangsBiLM.description: this model was not read from a directory, so "
+                            "its model config is unknown; load one with ManyLangsBiLM.from_dir")
+        top, config_name, raw = self.files
+        return {"format": "elmoformanylangs", "config": top, "config_name": config_name, "model_config": raw,
+                "chars": dict(self.vocab.chars), "words": None if self.vocab.words is None else dict(self.vocab.words)}
+
+    @classmethod
+    def from_description(cls, d: dict[str, Any], source: str = "description", **kw) -> ManyLangsBiLM:
+        """A model of :meth:`description`'s shapes and lexicons, its weights as initialised (load
+        them from a state dict); ``kw``: :class:`~torchelmo.BiLM`'s options."""
+        if not isinstance(d, dict) or d.get("format") != "elmoformanylangs":
+            raise ElmoError(f"{source}: not the description of an ELMoForManyLangs model")
+        try:
+            raw, chars, words = d["model_config"], d["chars"], d["words"]
+            config = model_config(raw, source, len(chars), len(words) if words else 0)
+            vocab = ManyLangsVocab(dict(chars), None if words is None else dict(words), config.max_characters_per_token)
+            return cls(config, vocab, files=(d["config"], d["config_name"], raw), **kw)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ElmoError(f"{source}: a damaged ELMoForManyLangs description ({type(e).__name__}: {e})") from None
+
     def manylangs_layout(self) -> tuple[list[Entry], list[Entry]]:
         """The entries of their ``token_embedder.pkl`` and ``encoder.pkl`` (their keys, their
         shapes): AllenNLP's conversions (:mod:`torchelmo.model.layout`) under their names."""
