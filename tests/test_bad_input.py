@@ -330,6 +330,53 @@ def test_a_model_over_the_address_space_limit_is_refused_before_allocating(tmp_p
     assert "left under the address-space limit (ulimit -v)" in run.stdout and run.stdout.count("\n") == 1
 
 
+def _own_memory_cgroup() -> Path | None:
+    """This process's memory cgroup directory, if it can hold a child the test may limit (a
+    writable cgroup v1 memory hierarchy or cgroup v2 with the memory controller; root)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+        elif hierarchy == "0" and controllers == "":
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            if not (base / "cgroup.controllers").is_file() or "memory" not in (base / "cgroup.controllers").read_text():
+                continue
+        else:
+            continue
+        if base.is_dir() and os.access(base, os.W_OK):
+            return base
+    return None
+
+
+def test_a_model_over_a_real_memory_cgroup_limit_is_refused_before_allocating(tmp_path):
+    # A 2 GiB cgroup limit, as a container or systemd sets one: a 4.5 GiB model is refused in one
+    # line naming the cgroup, where the kernel used to kill the process (exit 137, no message).
+    import sys
+    base = _own_memory_cgroup()
+    if base is None:
+        pytest.skip("needs a memory cgroup this process may create a child of (root on Linux)")
+    child = base / f"torchelmo-test-{os.getpid()}"
+    child.mkdir()
+    try:
+        v1 = (child / "memory.limit_in_bytes").exists()
+        (child / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(2 * 2**30))
+        script = (
+            "import dataclasses, os, sys\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "from torchelmo import BiLM, ElmoError, preset\n"
+            "try:\n"
+            "    BiLM(dataclasses.replace(preset('tiny'), lstm_dim=16384, projection_dim=2048))\n"
+            "except ElmoError as e:\n"
+            "    print(e); sys.exit(3)\n")
+        from helpers import ENV
+        run = subprocess.run([sys.executable, "-c", script, str(child / "cgroup.procs")], env=ENV,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        child.rmdir()      # its one process has ended
+    assert run.returncode == 3, (run.returncode, run.stderr[-2000:])
+    assert "left under this process's memory cgroup limit" in run.stdout and run.stdout.count("\n") == 1
+
+
 @pytest.mark.core
 def test_a_language_model_counts_its_softmax_before_allocating(monkeypatch):
     # 1M words by a 4096-wide projection: 16 GB of softmax rows, refused before any is made.
