@@ -225,6 +225,62 @@ def test_uas_of_a_hand_set_scorer_and_of_the_neighbour_baselines():
     assert torch.equal(z[1], torch.tensor([0.0, 1, 0, 1, 0, 0, 0, 0, 0]))          # word b -> a
 
 
+def test_tree_distances_spanning_tree_and_uuas_of_a_hand_set_probe():
+    from torchelmo.probe.common import Standardize
+    from torchelmo.probe.deps import (
+        Batch,
+        DistanceProbe,
+        Encoder,
+        Trees,
+        evaluate,
+        sentence_counts,
+        spanning_tree,
+        tree_distances,
+    )
+    # 'DET NOUN VERB DET NOUN .': heads 2 3 0 5 3 3; the VERB (3) is the hub.
+    heads = np.array([2, 3, 0, 5, 3, 3])
+    d = tree_distances(heads)
+    assert d[0].tolist() == [0, 1, 2, 4, 3, 3] and (d == d.T).all() and d[3, 5] == 3
+    assert tree_distances(np.array([2, 1])).tolist() == [[0, 1], [1, 0]]           # a cycle: still a graph
+    assert tree_distances(np.array([0, 0]))[0, 1] == -1                            # two roots: no path
+    assert spanning_tree(d.astype(float)) == {(0, 1), (1, 2), (3, 4), (2, 4), (2, 5)}
+    assert spanning_tree(np.zeros((1, 1))) == set()
+    # A probe whose B maps each word to a point at its tree position, but word 6 (the '.') placed
+    # beside word 5: the spanning tree then joins 5-6 instead of 3-6 (4 of 5 edges right).
+    pts = torch.tensor([[0.0, 0], [1, 0], [2, 0], [3, -1], [3, 0], [3.2, 0.1]])
+    model = DistanceProbe(Encoder(Standardize(np.zeros(6), np.ones(6))), 6, 2)
+    with torch.no_grad():
+        model.proj.weight.copy_(pts.T)
+    x = np.eye(6, dtype=np.float32)
+    sents = [DepSentence(list("abcdef"), heads.tolist(), ["det", "nsubj", "root", "det", "obj", "punct"])]
+    trees = Trees.build(sents, {"det": 0})
+    correct = evaluate(model, x, trees)
+    assert correct.tolist() == [True, True, False, True, True, False]   # the root's dependent has no edge
+    assert sentence_counts(correct, trees.offsets, trees.heads > 0).tolist() == [[4, 5]]
+    # The loss: |predicted - gold| over the pairs, divided by the squared length.
+    b = Batch.of(trees, np.array([0]))
+    want = (model(torch.from_numpy(x), b)[0] - torch.from_numpy(d).float()).abs().sum() / 36
+    assert model.loss(torch.from_numpy(x), b).item() == pytest.approx(want.item())
+
+
+def test_the_structural_probe_learns_a_tree_that_the_features_hold():
+    # Features: each word's position one-hot, plus noise; every sentence has the same tree, so a
+    # linear map can place the words where their squared distances are the tree's.
+    from torchelmo.probe.common import Standardize
+    from torchelmo.probe.deps import DepsConfig, DistanceProbe, Encoder, Trees, evaluate, fit_probe
+    rng = np.random.default_rng(0)
+    heads = [2, 3, 0, 5, 3, 3]
+    sents = [DepSentence(list("abcdef"), heads, ["x"] * 6) for _ in range(40)]
+    trees = Trees.build(sents, {"x": 0})
+    x = (np.tile(np.eye(6), (40, 1)) + 0.05 * rng.standard_normal((240, 6))).astype(np.float32)
+    torch.manual_seed(0)
+    model = DistanceProbe(Encoder(Standardize.fit(x)), 6, 6)
+    before = evaluate(model, x, trees)[trees.heads > 0].mean()
+    info = fit_probe(model, x, trees, x, trees, DepsConfig(rank=6, lr=0.05, max_epochs=40, patience=40))
+    after = evaluate(model, x, trees)[trees.heads > 0].mean()
+    assert after == 1.0 and info["dev_acc"] == 1.0 and before < 1.0
+
+
 # -- end to end on the tiny fixture model ----------------------------------------------------------
 
 def test_cli_tag_end_to_end(allennlp_dir, tmp_path, capsys):
@@ -312,6 +368,16 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
     assert d["buckets"] == ["root", "1", "2", "3-6", "7+"] and d["words"] == [8, 24, 8, 8, 0]
     assert all(0 <= v <= 1 for v in d["E1"][:4]) and d["E1"][4] is None
     assert "| 3-6 | 8 |" in (out / "report.md").read_text()
+    # The structural probe beside the arcs, with the chain of neighbours as its baseline (edges
+    # 1-2, 2-3, 4-5 of the gold 1-2, 2-3, 4-5, 5-3, 6-3: 3 of 5), and E2 without its residual.
+    u = res["uuas"]
+    assert u["baseline"] == {"chain": 0.6} and {"E0", "E1", "E2", "E2 (no residual)", "mix"} <= set(u)
+    assert set(u["paired"]) == {"E2-E1", "E2 (no residual)-E1", "E2-E2 (no residual)"}
+    assert u["by_distance"]["words"] == [0, 24, 8, 8, 0]     # the root's dependent has no edge
+    assert "E2 (no residual)" in res["uas"] and "E2 (no residual)" not in res["labels"]
+    report = (out / "report.md").read_text()
+    assert "## Dependency tree distances (structural probe) (UUAS, %)" in report
+    assert "| E2 (no residual) |" in report
     assert "intervals resample the test documents" in (out / "report.md").read_text()
     # Nothing to default the files from: a one-line error.
     capsys.readouterr()

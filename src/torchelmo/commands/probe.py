@@ -276,7 +276,8 @@ def _deps(args, models, cache) -> dict:
         # Named like the POS probe's features: the same words, so one extraction serves both.
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"pos-{split}", max_tokens=args.max_tokens,
                          progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
-        out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args), groups=groups)
+        out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args), groups=groups,
+                             residual=bool(getattr(m.config, "use_skip_connections", False)))
     res = summarize_deps(out["trained"], out.get("control_random"))
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "limit": args.limit}
     return res

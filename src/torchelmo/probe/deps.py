@@ -11,6 +11,16 @@ early-stopped on the development score (the best dev epoch's weights are kept).
   fraction of words whose highest-scoring candidate is the gold head (punctuation included).
 * Label probe: a linear softmax over ``[x_dep; x_head; x_dep * x_head]`` of each gold arc (ROOT's
   vector is zeros), predicting the universal relation (the DEPREL before ``:``). Metric: accuracy.
+* Structural probe (Hewitt & Manning 2019): a linear map ``B`` of rank :attr:`DepsConfig.rank`
+  trained so that ``||B (x_i - x_j)||^2`` approximates the path length between words ``i`` and
+  ``j`` in the gold tree (L1 loss over each sentence's pairs, divided by its squared length).
+  Metric: UUAS, the fraction of the gold tree's edges (undirected, ROOT left out) in the minimum
+  spanning tree of the predicted distances. A standard probe of syntax beside the bilinear one:
+  it asks whether the tree is a geometry of the layer, not whether a classifier can pick heads.
+
+The arc and structural probes also read E2 without its residual connection (``E2 (no residual)``:
+E2 - E1, layer 2's LSTM output alone, for a model with residual connections), to see whether an
+E2 lead is E1's information carried up by the residual.
 
 Test scores come with 95% bootstrap intervals over test sentences, and E2 - E1 with a paired one.
 """
@@ -31,7 +41,8 @@ from .conll import DepSentence
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
 
-TASKS = ("uas", "labels")
+TASKS = ("uas", "labels", "uuas")
+NO_RESIDUAL = "E2 (no residual)"
 
 
 @dataclass
@@ -60,6 +71,7 @@ class Trees:
     offsets: np.ndarray  # (S + 1,) words of sentence s are offsets[s]:offsets[s + 1]
     heads: np.ndarray    # (N,) 0 = ROOT, else the 1-based position of the head in its sentence
     labels: np.ndarray   # (N,) relation ids; -1 = a relation unseen in training (always wrong)
+    _distances: list[np.ndarray] | None = None
 
     @classmethod
     def build(cls, sentences: Sequence[DepSentence], index: dict[str, int]) -> Trees:
@@ -73,6 +85,54 @@ class Trees:
     def n_sentences(self) -> int:
         return len(self.offsets) - 1
 
+    def distances(self, s: int) -> np.ndarray:
+        """``(n, n)`` path lengths between sentence ``s``'s words in its gold tree (-1: no path,
+        in a malformed tree), computed once per split."""
+        if self._distances is None:
+            self._distances = [tree_distances(self.heads[a:b]) for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+        return self._distances[s]
+
+
+def tree_distances(heads: np.ndarray) -> np.ndarray:
+    """``(n, n)`` path lengths in the undirected tree of ``heads`` (1-based, 0 = ROOT, which is
+    not a node): a breadth-first search from every word; -1 where no path joins two words."""
+    n = len(heads)
+    nbrs: list[list[int]] = [[] for _ in range(n)]
+    for i, h in enumerate(heads):
+        if 0 < h <= n and h - 1 != i:
+            nbrs[i].append(int(h) - 1)
+            nbrs[int(h) - 1].append(i)
+    out = np.full((n, n), -1, dtype=np.int64)
+    for src in range(n):
+        out[src, src], frontier = 0, [src]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in nbrs[u]:
+                    if out[src, v] < 0:
+                        out[src, v] = out[src, u] + 1
+                        nxt.append(v)
+            frontier = nxt
+    return out
+
+
+def spanning_tree(dist: np.ndarray) -> set[tuple[int, int]]:
+    """The minimum spanning tree of a complete graph, ``dist (n, n)`` (Prim): its edges ``(i, j)``, ``i < j``."""
+    n = len(dist)
+    if n < 2:
+        return set()
+    inside = np.zeros(n, dtype=bool)
+    inside[0] = True
+    best, parent = dist[0].astype(np.float64).copy(), np.zeros(n, dtype=np.int64)
+    edges = set()
+    for _ in range(n - 1):
+        j = int(np.argmin(np.where(inside, np.inf, best)))
+        edges.add((min(j, int(parent[j])), max(j, int(parent[j]))))
+        inside[j] = True
+        closer = dist[j] < best
+        best, parent = np.where(closer, dist[j], best), np.where(closer, j, parent)
+    return edges
+
 
 @dataclass
 class Batch:
@@ -83,6 +143,17 @@ class Batch:
     target: torch.Tensor     # (B, T) gold head as a candidate index (0 ROOT, j word j); -100 padding
     head_pos: torch.Tensor   # (n,) position of each word's gold head in ``rows``; -1 = ROOT
     labels: torch.Tensor     # (n,) gold relation ids
+    trees: Trees | None = None          # the split, and
+    sentences: np.ndarray | None = None  # which of its sentences (for the gold distances)
+
+    def gold_distances(self) -> torch.Tensor:
+        """``(B, T, T)`` path lengths in the gold trees; -1 at padding (and where no path is)."""
+        B, T = self.index.shape
+        out = np.full((B, T, T), -1, dtype=np.int64)
+        for b, s in enumerate(self.sentences):
+            d = self.trees.distances(int(s))
+            out[b, :len(d), :len(d)] = d
+        return torch.from_numpy(out)
 
     @classmethod
     def of(cls, trees: Trees, sentences: np.ndarray) -> Batch:
@@ -97,7 +168,8 @@ class Batch:
         target[valid] = heads                                          # row-major order = order of rows
         head_pos = np.where(heads > 0, np.repeat(first, lengths) + heads - 1, -1)
         return cls(rows, torch.from_numpy(np.where(valid, first[:, None] + steps[None], -1)),
-                   torch.from_numpy(target), torch.from_numpy(head_pos), torch.from_numpy(trees.labels[rows]))
+                   torch.from_numpy(target), torch.from_numpy(head_pos), torch.from_numpy(trees.labels[rows]),
+                   trees, sentences)
 
 
 class Encoder(nn.Module):
@@ -164,6 +236,44 @@ class LabelScorer(nn.Module):
         return self(x, batch).argmax(-1) == batch.labels
 
 
+class DistanceProbe(nn.Module):
+    """Hewitt & Manning's structural probe: squared distances ``||B (x_i - x_j)||^2`` between a
+    sentence's words, ``(B, T, T)``; ``B`` of rank ``rank``."""
+
+    def __init__(self, encoder: Encoder, dim: int, rank: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.proj = nn.Linear(dim, rank, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        h = self.proj(self.encoder(x))                                 # (n, r)
+        u = torch.cat([h, h.new_zeros(1, h.shape[1])])[torch.where(batch.index >= 0, batch.index, len(h))]  # (B, T, r)
+        diff = u[:, :, None] - u[:, None]                              # (B, T, T, r)
+        return (diff * diff).sum(-1)
+
+    def loss(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """L1 between predicted and gold distances over each sentence's pairs, divided by its
+        squared length, averaged over the sentences (Hewitt & Manning's normalisation)."""
+        gold = batch.gold_distances()
+        pairs = gold >= 0
+        lengths = (batch.index >= 0).sum(1).clamp(min=1).to(torch.float32)         # (B,)
+        err = ((self(x, batch) - gold.float()).abs() * pairs).sum((1, 2)) / lengths ** 2
+        return err.mean()
+
+    @torch.no_grad()
+    def correct(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``(n,)`` per word: whether the edge to its gold head is in the minimum spanning tree of
+        the predicted distances (False for the root's dependent, which has no edge)."""
+        d = self(x, batch).numpy()
+        out = []
+        for b, s in enumerate(batch.sentences):
+            a, e = batch.trees.offsets[s], batch.trees.offsets[s + 1]
+            n, heads = e - a, batch.trees.heads[a:e]
+            tree = spanning_tree(d[b, :n, :n])
+            out += [bool(0 < h <= n and (min(i, h - 1), max(i, h - 1)) in tree) for i, h in enumerate(heads)]
+        return torch.tensor(out, dtype=torch.bool)
+
+
 def _gather(x: np.ndarray, rows: np.ndarray, token_axis: int) -> torch.Tensor:
     return torch.from_numpy(np.take(x, rows, axis=token_axis)).float()
 
@@ -184,7 +294,8 @@ def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.nda
               cfg: DepsConfig, token_axis: int = 0,
               penalty: Callable[[], torch.Tensor] | None = None) -> dict:
     """Adam on the probe's loss over mini-batches of sentences, early-stopped on dev accuracy
-    (UAS for arcs); the best epoch's weights are kept in ``model``."""
+    (UAS for arcs, UUAS for distances); the best epoch's weights are kept in ``model``."""
+    counted = dev.heads > 0 if isinstance(model, DistanceProbe) else None
     g = torch.Generator().manual_seed(cfg.seed)  # own generator: shuffles do not depend on init
 
     def epoch_losses():
@@ -195,7 +306,8 @@ def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.nda
             yield loss if penalty is None else loss + penalty()
 
     def dev_acc() -> float:
-        return float(evaluate(model, x_dev, dev, token_axis).mean())
+        correct = evaluate(model, x_dev, dev, token_axis)
+        return float(correct.mean() if counted is None else correct[counted].mean())
 
     fit = fit_early_stopped(model, epoch_losses, dev_acc, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             max_epochs=cfg.max_epochs, patience=cfg.patience)
@@ -203,10 +315,21 @@ def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.nda
             "dev_history": fit["history"]}
 
 
-def sentence_counts(correct: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """``(S, 2)`` per-sentence ``(correct, words)``."""
-    c = np.add.reduceat(correct.astype(np.float64), offsets[:-1]) if len(correct) else np.zeros(0)
-    return np.stack([c, np.diff(offsets).astype(np.float64)], 1)
+def sentence_counts(correct: np.ndarray, offsets: np.ndarray, counted: np.ndarray | None = None) -> np.ndarray:
+    """``(S, 2)`` per-sentence ``(correct, words)``; ``counted (N,)``: only those words (UUAS
+    counts the words that have an edge to a head, not the root's dependent)."""
+    if counted is None:
+        c = np.add.reduceat(correct.astype(np.float64), offsets[:-1]) if len(correct) else np.zeros(0)
+        return np.stack([c, np.diff(offsets).astype(np.float64)], 1)
+    if not len(correct):
+        return np.zeros((len(offsets) - 1, 2))
+    w = counted.astype(np.float64)
+    # reduceat of an empty sentence would repeat its neighbour's value: count those as zero
+    empty = np.diff(offsets) == 0
+    starts = np.minimum(offsets[:-1], len(correct) - 1)
+    c = np.where(empty, 0.0, np.add.reduceat(correct.astype(np.float64) * w, starts))
+    n = np.where(empty, 0.0, np.add.reduceat(w, starts))
+    return np.stack([c, n], 1)
 
 
 DISTANCES = (("root", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3-6", 3, 6), ("7+", 7, 1 << 30))
@@ -247,7 +370,7 @@ def _check_inputs(features: tuple[Features, Features, Features],
 
 
 def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
-    what = "UAS" if task == "uas" else "label acc"
+    what = {"uas": "UAS", "uuas": "UUAS"}.get(task, "label acc")
     log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
         f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']}"
         + (f", sd over {len(r['seeds'])} seeds {r['sd']:.4f})" if len(r.get("seeds", ())) > 1 else ")")
@@ -258,8 +381,11 @@ def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
 def run_deps(train: Features, dev: Features, test: Features,
              trees: tuple[Sequence[DepSentence], Sequence[DepSentence], Sequence[DepSentence]],
              cfg: DepsConfig | None = None, log: Callable[[str], None] = print,
-             layers: list[int] | None = None, mix: bool = True, groups: list[str] | None = None) -> dict:
-    """Arc (UAS) and label probes per layer and through the mix; ``trees`` = (train, dev, test).
+             layers: list[int] | None = None, mix: bool = True, groups: list[str] | None = None,
+             residual: bool = False) -> dict:
+    """Arc (UAS), label and structural (UUAS) probes per layer and through the mix; ``trees`` =
+    (train, dev, test); ``residual``: the model adds each layer's input to its output, so that
+    the arc and structural probes also read E2 without it (:data:`NO_RESIDUAL`).
 
     Returns ``{"uas": {...}, "labels": {...}, ...}``, each shaped like :func:`~.pos.run_pos`'s
     result: ``layers`` (per layer ``acc``, ``ci``, each seed's score and the fit), ``paired``
@@ -280,25 +406,35 @@ def run_deps(train: Features, dev: Features, test: Features,
     names = layer_names(L)
     res: dict = {"n_train_words": int(len(d_tr.heads)), "n_test_words": int(len(d_te.heads)),
                  "n_test_sentences": d_te.n_sentences, "config": asdict(cfg),
-                 "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}}}
+                 "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}}, "uuas": {"layers": {}}}
     if groups is not None:
         res["n_test_documents"] = len(set(groups))
     scores = {task: UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed) for task in TASKS}
     where = "test documents" if groups is not None else "test sentences"
 
-    def baseline(correct: np.ndarray) -> dict:
-        return scores["uas"].once(sentence_counts(correct, d_te.offsets), "acc")
+    edges = d_te.heads > 0      # UUAS counts the gold tree's edges: every word's but the root's dependent
+
+    def counts(task: str, correct: np.ndarray) -> np.ndarray:
+        return sentence_counts(correct, d_te.offsets, edges if task == "uuas" else None)
+
+    def baseline(correct: np.ndarray, task: str = "uas") -> dict:
+        return scores[task].once(counts(task, correct), "acc")
 
     res["uas"]["baselines"] = {f"{side} neighbour": baseline(neighbour_heads(d_te.offsets, k) == d_te.heads)
                                for side, k in (("left", -1), ("right", 1))}
+    # The chain of neighbouring words as a tree (Hewitt & Manning's linear baseline).
+    res["uuas"]["baselines"] = {"chain": baseline(np.abs(arc_distances(d_te)) == 1, "uuas")}
     majority = int(np.bincount(d_tr.labels).argmax())
     res["labels"]["majority"] = {"label": rels[majority], **baseline(d_te.labels == majority)}
     log("deps: baselines: UAS " + ", ".join(f"{k} {v['acc']:.4f}" for k, v in res["uas"]["baselines"].items())
-        + f"; labels majority ({rels[majority]}) {res['labels']['majority']['acc']:.4f}")
+        + f"; labels majority ({rels[majority]}) {res['labels']['majority']['acc']:.4f}"
+        + f"; UUAS chain {res['uuas']['baselines']['chain']['acc']:.4f}")
 
     def probe(task: str, encoder: Encoder) -> nn.Module:
         if task == "uas":
             return ArcScorer(encoder, F, cfg.rank)
+        if task == "uuas":
+            return DistanceProbe(encoder, F, cfg.rank)
         return LabelScorer(encoder, F, len(rels))
 
     corrects: dict[str, dict[str, list[np.ndarray]]] = {task: {} for task in TASKS}
@@ -309,7 +445,7 @@ def run_deps(train: Features, dev: Features, test: Features,
         for s in range(cfg.seeds):
             torch.manual_seed(cfg.seed + s)
             model, info, correct = run()
-            scores[task].add(name, sentence_counts(correct, d_te.offsets))
+            scores[task].add(name, counts(task, correct))
             corrects[task].setdefault(name, []).append(np.asarray(correct, dtype=bool))
             infos.append(info)
             models.append(model)
@@ -318,22 +454,27 @@ def run_deps(train: Features, dev: Features, test: Features,
             r["fits"] = infos
         return r, models
 
-    for k in layers:
-        x_tr, x_dev, x_te = train.layer(k), dev.layer(k), test.layer(k)
+    inputs = [(names[k], lambda k=k: (train.layer(k), dev.layer(k), test.layer(k)), TASKS) for k in layers]
+    if residual and {1, 2} <= set(layers):
+        inputs.append((NO_RESIDUAL, lambda: tuple(f.layer(2) - f.layer(1) for f in (train, dev, test)), ("uas", "uuas")))
+    for name, load, tasks in inputs:
+        x_tr, x_dev, x_te = load()
         norm = Standardize.fit(x_tr)   # fixed statistics: the probes may share it
-        for task in TASKS:
+        for task in tasks:
             def run(task=task, x_tr=x_tr, x_dev=x_dev, x_te=x_te, norm=norm):
                 model = probe(task, Encoder(norm))
                 info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
                 return model, info, evaluate(model, x_te, d_te)
-            r, _ = fits(task, names[k], run)
-            res[task]["layers"][names[k]] = r
-            _show(log, task, names[k], r)
+            r, _ = fits(task, name, run)
+            res[task]["layers"][name] = r
+            _show(log, task, name, r)
     for task in TASKS:
-        if "E1" in scores[task].counts and "E2" in scores[task].counts:
-            p = res[task]["paired"] = {"E2-E1": scores[task].paired("E1", "E2")}
-            d, (lo, hi) = p["E2-E1"]["diff"], p["E2-E1"]["ci"]
-            log(f"deps: {task} E2 - E1 = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
+        pairs = [("E1", "E2"), ("E1", NO_RESIDUAL), (NO_RESIDUAL, "E2")]
+        for a, b in pairs:
+            if a in scores[task].counts and b in scores[task].counts:
+                p = res[task].setdefault("paired", {})[f"{b}-{a}"] = scores[task].paired(a, b)
+                d, (lo, hi) = p["diff"], p["ci"]
+                log(f"deps: {task} {b} - {a} = {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (paired bootstrap over {where})")
     if mix:
         x_tr, x_dev, x_te = train.all_layers(), dev.all_layers(), test.all_layers()
         norm = Standardize.fit(x_tr, token_axis=1)
@@ -355,5 +496,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     distance = arc_distances(d_te)
     for task in TASKS:
         res[task]["units"] = scores[task].units()
-        res[task]["by_distance"] = by_distance(corrects[task], distance)
+        # UUAS: the root's dependent has no edge, so no bucket
+        res[task]["by_distance"] = by_distance(corrects[task], np.where(edges, distance, -1) if task == "uuas"
+                                               else distance)
     return res

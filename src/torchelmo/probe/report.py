@@ -19,16 +19,19 @@ from pathlib import Path
 
 from ..io.fileio import atomic_path, read_json
 from .common import layer_names
+from .deps import NO_RESIDUAL
 
 # Peters et al. (2018), Table 5 (WSD F1, Raganato ALL) and Table 6 (POS accuracy, PTB/WSJ).
 PAPER = {"pos": {"E1": 0.973, "E2": 0.968}, "wsd": {"E1": 0.674, "E2": 0.690}}
 PAPER["pos_wsj"] = PAPER["pos"]   # the paper's POS numbers are on WSJ
 # Orderings docs/science.md expects where the paper has no numbers (syntax in the lower layer).
-EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "coref": ("E2", "E1"),
+EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "deps_uuas": ("E1", "E2"), "coref": ("E2", "E1"),
             "pos_xpos": ("E1", "E2")}   # the paper's POS claim, on PTB tags of other text
 METRIC = {"pos": "accuracy", "pos_xpos": "accuracy", "pos_wsj": "accuracy", "deps_uas": "UAS", "deps_labels": "label accuracy",
+          "deps_uuas": "UUAS",
           "wsd": "F1 (ALL)", "coref": "pairwise F1", "ner": "entity F1"}
 TITLE = {"pos": "UD POS", "pos_xpos": "UD EWT POS, PTB tags (XPOS)", "pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels",
+         "deps_uuas": "Dependency tree distances (structural probe)",
          "coref": "Coreference (LitBank)"}
 
 
@@ -37,11 +40,14 @@ def summarize_pos(trained: dict, control: dict | None = None) -> dict:
 
 
 def summarize_deps(trained: dict, control: dict | None = None) -> dict:
-    """``{"uas": ..., "labels": ...}``, each in the flat shape of :func:`summarize_pos`."""
+    """``{"uas": ..., "labels": ..., "uuas": ...}``, each in the flat shape of :func:`summarize_pos`
+    (results from before the structural probe have no ``uuas``)."""
+    tasks = [t for t in ("uas", "labels", "uuas") if t in trained]
     baselines = {"uas": {k: v["acc"] for k, v in trained["uas"]["baselines"].items()},
-                 "labels": {"majority": trained["labels"]["majority"]["acc"]}}
-    out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in ("uas", "labels")}
-    for t in ("uas", "labels"):
+                 "labels": {"majority": trained["labels"]["majority"]["acc"]},
+                 "uuas": {k: v["acc"] for k, v in trained.get("uuas", {}).get("baselines", {}).items()}}
+    out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in tasks}
+    for t in tasks:
         if "by_distance" in trained[t]:
             out[t]["by_distance"] = trained[t]["by_distance"]
     out["n_test_words"], out["config"] = trained["n_test_words"], trained["config"]
@@ -159,9 +165,10 @@ def write_results(path: Path, results: dict) -> None:
 
 
 def _inputs(s: dict) -> list[str]:
-    """The layers of a task summary (``E0`` .. ``E{L-1}``, any depth) in order, then ``mix``."""
+    """The layers of a task summary (``E0`` .. ``E{L-1}``, any depth) in order, E2 without its
+    residual where a dependency probe read it, then ``mix``."""
     n = max((int(k[1:]) + 1 for k in s if k[:1] == "E" and k[1:].isdigit()), default=0)
-    return [k for k in layer_names(n) + ["mix"] if k in s]
+    return [k for k in layer_names(n) + [NO_RESIDUAL, "mix"] if k in s]
 
 
 def ordering(a: str, b: str, paired: dict | None) -> str | None:
@@ -349,7 +356,7 @@ def _sections(results: dict) -> list[tuple[str, dict]]:
     """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
     dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
     out = [(t, results[t]) for t in ("pos", "pos_xpos", "pos_wsj") if t in results]
-    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels") if t in results.get("deps", {})]
+    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels", "uuas") if t in results.get("deps", {})]
     out += [(t, results[t]) for t in ("wsd", "coref") if t in results]
     out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
     return out
