@@ -64,6 +64,8 @@ RUN = "small-160m"   # set by --run
 # The validations (every eval_every steps) whose milestones go into the repository: an early one,
 # then every 40M tokens or so, so that a lost ../runs costs at most that much training.
 KEPT = (2, 4, 8, 12)
+# The tasks whose data name each sentence's document: probed again with the state carried (--context document).
+DOCUMENT_TASKS = ("pos", "pos_xpos", "pos_wsj", "deps", "wsd", "coref")
 
 
 def config_path() -> Path:
@@ -373,18 +375,19 @@ def probe(args) -> int:
     (out / "TOKENS").write_text(f"{tokens or 0}\n")
     (out / "LABEL").write_text(f"{label}\n")
     sh(cmd, log=out / "probe.log")
-    if not args.tasks or "coref" in args.tasks.split(","):
-        # Round two: coreference again with each novel's LSTM state carried across its sentences.
-        doc = [sys.executable, "-m", "torchelmo.cli", "probe", "coref", "--model", model, "--data",
-               os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out / "coref-document", ROOT),
-               "--coref-context", "document", "--probe-seeds", str(args.probe_seeds), "--resample", "documents"]
-        if args.threads:
-            doc += ["--threads", str(args.threads)]
-        if args.no_control:
-            doc += ["--no-control"]
-        sh(doc, log=out / "probe-coref-document.log")
+    # Round two: every task whose data names documents again, each sentence's features carrying
+    # the LSTM state of its document's previous sentences (NER's WNUT-17 names none).
+    with_docs = [t for t in (args.tasks.split(",") if args.tasks else DOCUMENT_TASKS) if t in DOCUMENT_TASKS]
+    if with_docs:
+        doc = list(cmd)
+        for flag in ("--out", "--tasks"):     # replaced below
+            if flag in doc:
+                del doc[doc.index(flag):doc.index(flag) + 2]
+        doc += ["--out", os.path.relpath(out / "document", ROOT), "--tasks", ",".join(with_docs),
+                "--context", "document"]
+        sh(doc, log=out / "probe-document.log")
     runs = []
-    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir() and p.name != "coref-document")]:
+    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir() and p.name not in ("coref-document", "document"))]:
         if (d / "results.json").is_file():
             n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
             name = (d / "LABEL").read_text().strip() if (d / "LABEL").is_file() else d.name

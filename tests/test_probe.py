@@ -101,6 +101,11 @@ def test_raganato_counts_and_overlap():
     assert all_.sentences[inst.sentence][inst.start:inst.end] == ["belong", "to"]
     s07 = read_raganato(shared_path(*EVAL, "semeval2007", "semeval2007.data.xml"))
     assert len(s07.instances) == 455
+    # Each sentence's document (its <text id>), for --context document: each instance's sentence
+    # lies in the document its id names.
+    assert len(all_.documents) == len(all_.sentences) and all_.documents[0] == "senseval2.d000"
+    assert all(all_.documents[i.sentence] == ".".join(i.id.split(".")[:2]) for i in all_.instances)
+    assert len(set(all_.documents)) == 26
 
 
 def test_semcor_full_counts():

@@ -29,9 +29,11 @@ def toy(n, seed):
     return out
 
 
-def conllu_text(sents, extras=False):
+def conllu_text(sents, extras=False, doc_every=None):
     lines = []
     for k, (w, tags, heads, rels) in enumerate(sents):
+        if doc_every and k % doc_every == 0:
+            lines.append(f"# newdoc id = d{k // doc_every}")
         lines.append(f"# sent_id = s{k}")
         if extras and k == 0:
             lines.append("1-2\tthecat\t_\t_\t_\t_\t_\t_\t_\t_")   # a multi-word token: skipped
@@ -383,6 +385,36 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["probe", "deps", "--model", str(allennlp_dir), "--out", str(out), "--no-control", "-q"]) == 1
     assert "--train: give the CoNLL-U file, or --data" in capsys.readouterr().err
+
+
+def test_cli_context_document_carries_the_state_through_each_document(allennlp_dir, tmp_path, capsys):
+    # --context document: each split's sentences get their document's carried state (features
+    # cached apart from the zero-state ones), and the results and report say so; a tag file names
+    # no documents, so there it is one line.
+    from torchelmo.cli import main
+    files = {}
+    for split, (n, seed) in {"train": (24, 0), "dev": (8, 1), "test": (8, 2)}.items():
+        files[split] = tmp_path / f"{split}.conllu"
+        files[split].write_text(conllu_text(toy(n, seed), doc_every=4))
+    args = ["--train", str(files["train"]), "--dev", str(files["dev"]), "--test", str(files["test"]),
+            "--model", str(allennlp_dir), "--cache", str(tmp_path / "c"), "--no-control", "--n-boot", "20",
+            "--max-epochs", "1", "-qq"]
+    for context in ("sentence", "document"):
+        assert main(["probe", "deps", *args, "--out", str(tmp_path / context), "--context", context]) == 0
+    cached = sorted(p.name for p in (tmp_path / "c").iterdir())
+    assert len(cached) == 6 and sum("-doc" in n for n in cached) == 3
+    doc = json.loads((tmp_path / "document" / "results.json").read_text())["deps"]
+    assert doc["context"] == "document" and doc["uas"]["context"] == "document"
+    assert "--context document" in (tmp_path / "document" / "report.md").read_text()
+    assert "--context document" not in (tmp_path / "sentence" / "report.md").read_text()
+    tags = tmp_path / "tags.txt"
+    tags.write_text("the DT\ncat NN\n\na DT\ndog NN\n")
+    capsys.readouterr()
+    assert main(["probe", "tag", str(tags), str(tags), "--column", "1", "--model",
+                 str(allennlp_dir), "--out", str(tmp_path / "t"), "--no-control", "--context", "document",
+                 "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tag train: --context document:" in err[0] and "sentences name no document" in err[0]
 
 
 def test_cli_all_runs_pos_wsj_and_deps_from_the_data_layout(allennlp_dir, tmp_path, capsys):

@@ -205,6 +205,19 @@ def documents(args, test, task: str) -> list[str] | None:
     return docs
 
 
+def context_documents(args, sentences, what: str) -> list[str] | None:
+    """Each sentence's document under ``--context document`` (None: every sentence from the zero
+    state); ``sentences``: objects with ``.doc``."""
+    if args.context != "document":
+        return None
+    docs = [s.doc for s in sentences]
+    missing = sum(1 for d in docs if not d)
+    if missing:
+        raise ElmoError(f"{what}: --context document: {missing} of {len(docs)} sentences name no document "
+                        "(CoNLL-U: '# newdoc id' or '# sent_id' comments)")
+    return docs
+
+
 def _tagging(args, models, cache, sets, task: str, log=print, features: str | None = None) -> dict:
     """The POS probe (:func:`~.pos.run_pos`) of each model on (train, dev, test) tagged sentences;
     features cached as ``{features or task}-{split}``."""
@@ -218,11 +231,12 @@ def _tagging(args, models, cache, sets, task: str, log=print, features: str | No
         if show_progress(args):
             print(f"{task}: {name} model")
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"{features or task}-{split}",
-                         max_tokens=args.max_tokens, progress=show_progress(args))
+                         max_tokens=args.max_tokens, progress=show_progress(args),
+                         documents=context_documents(args, ss, f"{task} {split}"))
                  for ss, split in zip(sets, ("train", "dev", "test"))]
         out[name] = run_pos(*feats, tuple([s.tags for s in ss] for ss in sets), cfg, log=log, groups=groups,
                             label=f"tag:{args.name}" if task == "tag" and getattr(args, "name", None) else task)
-    return summarize_pos(out["trained"], out.get("control_random"))
+    return {**summarize_pos(out["trained"], out.get("control_random")), "context": args.context}
 
 
 def _pos(args, models, cache) -> dict:
@@ -275,10 +289,14 @@ def _deps(args, models, cache) -> dict:
             print(f"deps: {name} model")
         # Named like the POS probe's features: the same words, so one extraction serves both.
         feats = [extract(m, [s.tokens for s in ss], cache, name=f"pos-{split}", max_tokens=args.max_tokens,
-                         progress=show_progress(args)) for ss, split in zip(sets, ("train", "dev", "test"))]
+                         progress=show_progress(args), documents=context_documents(args, ss, f"deps {split}"))
+                 for ss, split in zip(sets, ("train", "dev", "test"))]
         out[name] = run_deps(*feats, tuple(sets), cfg, log=_log(args), groups=groups,
                              residual=bool(getattr(m.config, "use_skip_connections", False)))
     res = summarize_deps(out["trained"], out.get("control_random"))
+    res["context"] = args.context
+    for t in ("uas", "labels", "uuas"):
+        res[t]["context"] = args.context
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "limit": args.limit}
     return res
 
@@ -292,7 +310,7 @@ def _coref(args, models, cache) -> dict:
             raise ElmoError("--litbank: give LitBank's coreference folder, or --data for the one under it")
         folder = args.data / DATA_LAYOUT["litbank"]
     cfg = CorefConfig(max_epochs=args.coref_epochs, seed=args.seed, n_boot=args.n_boot, seeds=args.probe_seeds,
-                      documents=args.resample == "documents", context=args.coref_context)
+                      documents=args.resample == "documents", context=args.coref_context or args.context)
     out = {}
     for name, m in models.items():
         if show_progress(args):
@@ -343,18 +361,32 @@ def _wsd(args, models, cache) -> dict:
         if show_progress(args):
             print(f"wsd: {name} model")
         f_tr = extract(m, semcor.sentences, cache, spans=semcor.spans, name="wsd-semcor",
-                       max_tokens=args.max_tokens, progress=show_progress(args))
+                       max_tokens=args.max_tokens, progress=show_progress(args),
+                       documents=_wsd_documents(args, semcor))
         f_te = extract(m, test.sentences, cache, spans=test.spans, name="wsd-eval",
-                       max_tokens=args.max_tokens, progress=show_progress(args))
+                       max_tokens=args.max_tokens, progress=show_progress(args),
+                       documents=_wsd_documents(args, test))
         out[name] = run_wsd(semcor, f_tr, test, f_te, first, dev_prefix=args.dev_prefix,
                             n_boot=args.n_boot, seed=args.seed, mix_epochs=args.mix_epochs,
                             documents=args.resample == "documents")
     res = summarize_wsd(out["trained"], out.get("control_random"))
+    res["context"] = args.context
     res["data"] = {"semcor": str(args.semcor), "eval": str(args.eval), "sense_index": str(args.sense_index),
                    "dev_prefix": args.dev_prefix, "limit_semcor": args.limit_semcor}
     return res
 
 
+
+
+def _wsd_documents(args, corpus) -> list[str] | None:
+    """Each sentence's ``<text>`` under ``--context document``."""
+    if args.context != "document":
+        return None
+    missing = sum(1 for d in corpus.documents if not d)
+    if missing or len(corpus.documents) != len(corpus.sentences):
+        raise ElmoError(f"{corpus.path}: --context document: {missing or len(corpus.sentences)} sentences "
+                        "outside a <text id=...>")
+    return corpus.documents
 
 
 def _ner(args, models, cache) -> dict:
@@ -392,6 +424,7 @@ def _ner(args, models, cache) -> dict:
     res = summarize_ner(run_ner(inputs, offsets, tuple([s.tags for s in ss] for ss in sets), cfg,
                                 seeds=args.ner_seeds))
     res["static_embeddings"] = static_info
+    res["context"] = "sentence"   # WNUT-17 names no documents: per sentence under any --context
     res["data"] = {"train": str(args.ner_train), "dev": str(args.ner_dev), "test": str(args.ner_test),
                    "limit": lim}
     return res

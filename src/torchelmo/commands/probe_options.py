@@ -32,6 +32,11 @@ def common_args(q):
                    help="what the bootstrap draws: the test units (sentences, WSD instances, "
                         "coreference mentions) or the documents that hold them (novels for "
                         "coreference), where the data names them (default units)")
+    q.add_argument("--context", choices=["sentence", "document"], default="sentence",
+                   help="each sentence's features from the zero state (default), or from the LSTM state "
+                        "its document's previous sentence ended with, as AllenNLP's stateful ELMo runs "
+                        "(POS, dependencies, WSD, coreference; WNUT-17 names no documents, so NER stays "
+                        "per sentence)")
     add_quiet_args(q)
 
 
@@ -64,9 +69,8 @@ def coref_args(q):
                                                 "under --data)")
     q.add_argument("--limit-docs", type=int, help="use a part of each split's novels (at least one each)")
     q.add_argument("--coref-epochs", type=int, default=20, help="probe training epochs at most (default 20)")
-    q.add_argument("--coref-context", choices=["sentence", "document"], default="sentence",
-                   help="each sentence's features from the zero state (default), or from the LSTM state "
-                        "its novel's previous sentence ended with")
+    q.add_argument("--coref-context", choices=["sentence", "document"],
+                   help="--context for coreference alone (default: --context)")
 
 
 def data_arg(q, what):

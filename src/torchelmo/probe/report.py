@@ -388,6 +388,9 @@ def _layer_section(task: str, s: dict, out_dir: Path, plots: bool = True) -> lis
                    + ", ".join(f"{n} {100 * v:.2f}" for n, v in s["sd"].items()) + ")")
     if "resampled" in s:
         how.append(f"intervals resample the test {'documents' if s['resampled'] == 'documents' else 'units'}")
+    if (s.get("context") or s.get("config", {}).get("context")) == "document":
+        how.append("each sentence's features start from the LSTM state its document's previous sentence "
+                   "ended with (--context document)")
     if how:
         text = "; ".join(how)
         lines += ["", text[0].upper() + text[1:] + "."]

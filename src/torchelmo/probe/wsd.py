@@ -353,7 +353,7 @@ def _mixes(inv: SenseInventory, train: WsdCorpus, train_feats: Features, test_fe
     test, dev_rows = score.test, score.dev_rows
     scale = layer_scales(train_feats)
     x_all = test_feats.all_layers().astype(np.float32)
-    dev_corpus = WsdCorpus(test.path, test.sentences, [test.instances[j] for j in dev_rows])
+    dev_corpus = WsdCorpus(test.path, test.sentences, [test.instances[j] for j in dev_rows], test.documents)
 
     def mixed(weights, rows=None):
         w = np.asarray(weights) / scale

@@ -38,6 +38,7 @@ class WsdCorpus:
     path: Path
     sentences: list[list[str]]
     instances: list[WsdInstance]
+    documents: list[str] = field(default_factory=list)   # each sentence's <text id>, "" outside one
 
     @property
     def spans(self) -> list[tuple[int, int, int]]:
@@ -106,14 +107,17 @@ def read_raganato(xml_path: str | Path, key_path: str | Path | None = None,
     gold = read_gold_keys(key_path)
     sentences: list[list[str]] = []
     instances: list[WsdInstance] = []
-    state = {"tokens": None, "el": None, "attrs": None, "text": []}
+    documents: list[str] = []
+    state = {"tokens": None, "el": None, "attrs": None, "text": [], "doc": ""}
     p = xml.parsers.expat.ParserCreate()
 
     def bad(msg: str) -> ElmoError:
         return ElmoError(f"{xml_path}:{p.CurrentLineNumber}: {msg}")
 
     def start(tag, attrs):
-        if tag == "sentence":
+        if tag == "text":
+            state["doc"] = attrs.get("id", "")
+        elif tag == "sentence":
             state["tokens"] = []
         elif tag in ("wf", "instance"):
             if state["tokens"] is None:
@@ -143,6 +147,7 @@ def read_raganato(xml_path: str | Path, key_path: str | Path | None = None,
         elif tag == "sentence":
             if state["tokens"]:
                 sentences.append(state["tokens"])
+                documents.append(state["doc"])
             state["tokens"] = None
             if limit is not None and len(sentences) >= limit:
                 raise _StopParsing
@@ -168,7 +173,7 @@ def read_raganato(xml_path: str | Path, key_path: str | Path | None = None,
         extra = next(k for k in gold if k not in seen)
         raise ElmoError(f"{key_path}: {len(gold) - len(instances)} key(s) for instances not in "
                         f"{xml_path} (e.g. {extra})")
-    return WsdCorpus(xml_path, sentences, instances)
+    return WsdCorpus(xml_path, sentences, instances, documents)
 
 
 def read_sense_index(path: str | Path) -> dict[tuple[str, str], str]:
