@@ -45,7 +45,6 @@ import argparse
 import dataclasses
 import datetime
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -75,14 +74,6 @@ def config_path() -> Path:
 def models_dir() -> Path:
     """The run's milestones kept in the repository."""
     return ROOT / "results" / "science" / RUN / "models"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def keep_in_repository(run: Path, name: str) -> Path:
@@ -293,6 +284,7 @@ def train(args) -> int:
 def write_record(cfg: dict, record: dict | None = None) -> None:
     """Rewrite the run's record: its chunks (from the committed record: they survive ``../runs``),
     its progress and milestones (from the run, when it is here), the validations of its chunks."""
+    from torchelmo.lm.corpus import file_digest
     record = load_record() if record is None else record
     run = run_dir(cfg)
     chunks = record.get("chunks", [])
@@ -323,7 +315,7 @@ def write_record(cfg: dict, record: dict | None = None) -> None:
                        for c in chunks for v in c.get("validations", []) if current(c, v["step"])],
         "milestones": milestones,
         # The milestones in the repository (fp16), each with the SHA-256 of its weights.
-        "models": {n: {"step": st, "sha256": sha256(models_dir() / n / "model.safetensors")}
+        "models": {n: {"step": st, "sha256": file_digest(models_dir() / n / "model.safetensors")}
                    for n, st in committed_models().items()},
         **({"lost": record["lost"]} if record.get("lost") else {}),
     }

@@ -193,29 +193,24 @@ def _log(args):
     return print if show_summary(args) else (lambda m: None)
 
 
-def documents(args, test, task: str) -> list[str] | None:
-    """Each test sentence's document for ``--resample documents`` (None: units are resampled)."""
-    if args.resample != "documents":
-        return None
-    docs = [s.doc for s in test]
-    missing = sum(1 for d in docs if not d)
-    if missing:
-        raise ElmoError(f"{task}: --resample documents: {missing} of {len(docs)} test sentences name no "
-                        "document (CoNLL-U: '# newdoc id' or '# sent_id' comments)")
-    return docs
-
-
-def context_documents(args, sentences, what: str) -> list[str] | None:
-    """Each sentence's document under ``--context document`` (None: every sentence from the zero
-    state); ``sentences``: objects with ``.doc``."""
-    if args.context != "document":
-        return None
+def _documents(sentences, what: str, flag: str) -> list[str]:
+    """Each sentence's document (``sentences``: objects with ``.doc``), or one line naming ``flag``."""
     docs = [s.doc for s in sentences]
     missing = sum(1 for d in docs if not d)
     if missing:
-        raise ElmoError(f"{what}: --context document: {missing} of {len(docs)} sentences name no document "
+        raise ElmoError(f"{what}: {flag}: {missing} of {len(docs)} sentences name no document "
                         "(CoNLL-U: '# newdoc id' or '# sent_id' comments)")
     return docs
+
+
+def documents(args, test, task: str) -> list[str] | None:
+    """Each test sentence's document for ``--resample documents`` (None: units are resampled)."""
+    return _documents(test, f"{task} test", "--resample documents") if args.resample == "documents" else None
+
+
+def context_documents(args, sentences, what: str) -> list[str] | None:
+    """Each sentence's document under ``--context document`` (None: every sentence from the zero state)."""
+    return _documents(sentences, what, "--context document") if args.context == "document" else None
 
 
 def _tagging(args, models, cache, sets, task: str, log=print, features: str | None = None) -> dict:
