@@ -271,11 +271,12 @@ def train(args) -> int:
         chunk["stopped_by"] = {130: "SIGINT", 143: "SIGTERM"}[rc]
     with open(run / "chunks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(chunk) + "\n")
-    for v in valid[n_valid:]:
-        name = f"step-{v['step']:06d}"
-        if v["step"] // cfg["eval_every"] in KEPT and (run / "milestones" / name).is_dir() \
-                and name not in committed_models():
-            keep_in_repository(run, name)
+    # Every kept validation's milestone not yet in the repository (one of an earlier chunk too, if
+    # that chunk ended before it could copy it).
+    for path in sorted((run / "milestones").glob("step-*")):
+        step = int(path.name.split("-")[-1])
+        if step % cfg["eval_every"] == 0 and step // cfg["eval_every"] in KEPT and path.name not in committed_models():
+            keep_in_repository(run, path.name)
     record.setdefault("chunks", []).append(chunk)
     write_record(cfg, record)
     return 0
