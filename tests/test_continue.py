@@ -166,3 +166,25 @@ def test_the_continue_record_needs_no_infinity(lost_run):
     with pytest.raises(ElmoError):
         from torchelmo.train.checkpoint import continue_point
         continue_point(lost_run / "nothing-here", cfg, None)
+
+
+def test_continuing_keeps_the_recorded_last_validation(tmp_path, lost_run, fixture_corpus):
+    # A model saved between validations continues knowing when the last one ran (not at its own
+    # step), so that the continued run validates at the end as the original would have.
+    from torchelmo.train.checkpoint import continue_point
+
+    data, vocab = fixture_corpus
+    cfg = base_config(tmp_path, data, vocab, valid=[str(data)], **KW)
+    src = tmp_path / "between"
+    shutil.copytree(lost_run / "model", src)
+    meta = json.loads((src / "training.json").read_text())
+    progress = meta["train"][CONTINUE_KEY]["progress"]
+    assert progress["step"] == 8
+    progress.update(last_valid_step=4, best=None)
+    (src / "training.json").write_text(json.dumps(meta))
+    got, _ = continue_point(src, cfg, LanguageModel.from_pretrained(lost_run / "model"))
+    assert (got.step, got.last_valid_step, got.rewarm_from) == (8, 4, 8) and math.isinf(got.best)
+    progress["last_valid_step"] = 9      # a validation after the model's own step: damaged
+    (src / "training.json").write_text(json.dumps(meta))
+    with pytest.raises(ElmoError, match="last_valid_step of its progress malformed"):
+        continue_point(src, cfg, LanguageModel.from_pretrained(lost_run / "model"))

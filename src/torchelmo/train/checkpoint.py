@@ -167,16 +167,23 @@ def resume_point(out_dir: str | Path | None, settings: dict[str, Any], strict: b
     if kept.exists() and (kept.is_symlink() or not kept.is_dir()):
         raise ElmoError(f"{kept}: not a directory (the run keeps its last checkpoints there); move it away to resume")
     # Any other setting the user gave must be the run's: a resumed run keeps them, and a changed
-    # one would otherwise be dropped without a word. ("auto" is resolved when a run starts.)
-    changed = [f"{k} ({ckpt['config'][k]!r} -> {v!r})" for k, v in sorted(settings.items())
-               if strict and k not in RESUME_OVERRIDABLE and k not in PER_INVOCATION and k in ckpt["config"]
-               and v != ckpt["config"][k] and v != "auto"]
+    # one would otherwise be dropped without a word.
+    changed = changed_settings(ckpt["config"], settings) if strict else []
     if changed:
         raise ElmoError(f"{path}: a resumed run keeps its settings, but these differ: {'; '.join(changed)} "
                         f"(only {', '.join(sorted(RESUME_OVERRIDABLE - {'out_dir', 'resume'}))} may change)")
     merged = {**ckpt["config"], **{k: v for k, v in settings.items() if k in RESUME_OVERRIDABLE}}
     merged.update({k: settings.get(k, default) for k, default in PER_INVOCATION.items()})
     return merged, ckpt
+
+
+def changed_settings(saved: dict[str, Any], given: dict[str, Any], unset: tuple = ("auto",)) -> list[str]:
+    """The settings in ``given`` that a resumed or continued run cannot change but that differ from
+    the run's ``saved`` ones, as ``name (old -> new)``. A given value in ``unset`` matches anything
+    ("auto" is resolved when a run starts)."""
+    fixed = set(given) - RESUME_OVERRIDABLE - set(PER_INVOCATION)
+    return [f"{k} ({saved[k]!r} -> {given[k]!r})" for k in sorted(fixed)
+            if k in saved and given[k] != saved[k] and given[k] not in unset]
 
 
 # A checkpoint's counters, what each must be (a run of a trillion steps is beyond any machine).
@@ -191,23 +198,30 @@ def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
+def progress_checks(p: dict) -> list[tuple[str, bool, str]]:
+    """The counters of a run's progress (a checkpoint's, or a saved model's record of it), each as
+    (name, whether it is of its type and in its range, what it must be)."""
+    step = p.get("step")
+    return [
+        ("step", _whole(step), f"a whole number in 0..{MAX_COUNT:,}"),
+        ("tokens_seen", _whole(p.get("tokens_seen"), MAX_COUNT * 10**6), "a whole number >= 0"),
+        ("elapsed", _real(p.get("elapsed")) and 0 <= p["elapsed"] < math.inf, "finite seconds >= 0"),
+        ("best", _real(p.get("best")) and p["best"] >= 1, "a perplexity >= 1 (inf before any validation)"),
+        ("bad_evals", _whole(p.get("bad_evals")), "a whole number >= 0"),
+        ("lr_scale", _real(p.get("lr_scale")) and 0 < p["lr_scale"] < math.inf, "a finite number > 0"),
+        ("last_valid_step", p.get("last_valid_step") is None
+         or (_whole(p["last_valid_step"]) and _whole(step) and p["last_valid_step"] <= step),
+         "None or a step no later than the checkpoint's"),
+        ("rewarm_from", p.get("rewarm_from") is None
+         or (_whole(p["rewarm_from"]) and _whole(step) and p["rewarm_from"] <= step),
+         "None or a step no later than the checkpoint's"),
+    ]
+
+
 def check_resume_fields(ckpt: dict, path: str | Path) -> None:
     """A checkpoint read as untrusted input: every field resuming uses, of its type and in its
     range, or one line naming the field."""
-    step = ckpt["step"]
-    checks = [
-        ("step", _whole(step), f"a whole number in 0..{MAX_COUNT:,}"),
-        ("tokens_seen", _whole(ckpt["tokens_seen"], MAX_COUNT * 10**6), "a whole number >= 0"),
-        ("elapsed", _real(ckpt["elapsed"]) and 0 <= ckpt["elapsed"] < math.inf, "finite seconds >= 0"),
-        ("best", _real(ckpt["best"]) and ckpt["best"] >= 1, "a perplexity >= 1 (inf before any validation)"),
-        ("bad_evals", _whole(ckpt["bad_evals"]), "a whole number >= 0"),
-        ("lr_scale", _real(ckpt["lr_scale"]) and 0 < ckpt["lr_scale"] < math.inf, "a finite number > 0"),
-        ("last_valid_step", ckpt.get("last_valid_step") is None
-         or (_whole(ckpt["last_valid_step"]) and _whole(step) and ckpt["last_valid_step"] <= step),
-         "None or a step no later than the checkpoint's"),
-        ("rewarm_from", ckpt.get("rewarm_from") is None
-         or (_whole(ckpt["rewarm_from"]) and _whole(step) and ckpt["rewarm_from"] <= step),
-         "None or a step no later than the checkpoint's"),
+    checks = progress_checks(ckpt) + [
         ("world_size", _whole(ckpt["world_size"], 1 << 20) and ckpt["world_size"] >= 1, "a whole number >= 1"),
         ("rng", isinstance(ckpt["rng"], list) and all(
             isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8
@@ -390,20 +404,14 @@ def continue_point(model_dir: str | Path, cfg: TrainConfig, lm: LanguageModel) -
     if not isinstance(point, dict) or not all(isinstance(point.get(k), dict) for k in ("config", "progress", "data")):
         raise ElmoError(f"--continue-from {src}: not a model a training run saved with what continuing "
                         f"it needs (no {CONTINUE_KEY!r} record of config, progress and data in {meta_path.name})")
-    saved, given = point["config"], asdict(cfg)
-    fixed = set(given) - RESUME_OVERRIDABLE - set(PER_INVOCATION)
-    changed = [f"{k} ({saved.get(k)!r} -> {given[k]!r})" for k in sorted(fixed)
-               if k in saved and given[k] != saved[k] and given[k] not in ("auto", None)]
+    # A whole config: None there is a setting left at its default, not one given.
+    changed = changed_settings(point["config"], asdict(cfg), unset=("auto", None))
     if changed:
         raise ElmoError(f"--continue-from {src}: the run it was saved from had other settings: {'; '.join(changed)}")
-    pr = point["progress"]
-    step = pr.get("step")
-    fields = [("step", _whole(step)), ("tokens_seen", _whole(pr.get("tokens_seen"), MAX_COUNT * 10**6)),
-              ("elapsed", _real(pr.get("elapsed")) and 0 <= pr["elapsed"] < math.inf),
-              ("best", pr.get("best") is None or (_real(pr["best"]) and pr["best"] >= 1)),
-              ("bad_evals", _whole(pr.get("bad_evals"))),
-              ("lr_scale", _real(pr.get("lr_scale")) and 0 < pr["lr_scale"] < math.inf)]
-    bad = [name for name, ok in fields if not ok]
+    pr = dict(point["progress"])
+    if pr.get("best") is None:
+        pr["best"] = math.inf      # JSON has no infinity: None before any validation
+    bad = [name for name, ok, _ in progress_checks(pr) if not ok]
     if bad:
         raise ElmoError(f"--continue-from {meta_path}: {', '.join(bad)} of its progress malformed (the file is damaged)")
     old = LanguageModel.from_pretrained(src)
@@ -415,9 +423,9 @@ def continue_point(model_dir: str | Path, cfg: TrainConfig, lm: LanguageModel) -
     except RuntimeError as e:
         msg = " ".join(str(e).split())[:200]
         raise ElmoError(f"--continue-from {src}: its weights do not fit the run's model ({msg})") from None
-    progress = Progress(step, pr["tokens_seen"], float(pr["elapsed"]),
-                        math.inf if pr["best"] is None else float(pr["best"]), pr["bad_evals"],
-                        float(pr["lr_scale"]), step, rewarm_from=step)
+    step = pr["step"]
+    progress = Progress(step, pr["tokens_seen"], float(pr["elapsed"]), float(pr["best"]), pr["bad_evals"],
+                        float(pr["lr_scale"]), pr.get("last_valid_step"), rewarm_from=step)
     return progress, point["data"]
 
 
