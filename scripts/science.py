@@ -4,7 +4,7 @@ run's record kept whole in results/science/RUN/record.json.
     .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
     .venv/bin/python scripts/science.py record                  # rewrite the record from the run
     .venv/bin/python scripts/science.py probe step-003906       # every probe on a milestone (or: default)
-    .venv/bin/python scripts/science.py probe step-031248 --headline   # the final model, in results/probe
+    .venv/bin/python scripts/science.py probe step-062500 --headline   # the final model, in results/probe
 
 ``--run NAME`` (before the command) picks the run, ``configs/science/NAME.json``: ``small-160m``
 (the default: round two, 160M tokens per direction from step 0) or ``small`` (round one, 80M
@@ -57,7 +57,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "science"
 CORPUS = ROOT.parent / "runs" / "corpus"
 DATA = ROOT.parent / "shared" / "data"
-PROBES = ROOT / "results" / "probe"
+# Each run's probes: round two's in results/probe (its final model's report there itself), round
+# one's beside them.
+PROBE_DIRS = {"small": "round-one"}
 MIN_COUNT = 3
 RUN = "small-160m"   # set by --run
 # The validations (every eval_every steps) whose milestones go into the repository: an early one,
@@ -65,6 +67,10 @@ RUN = "small-160m"   # set by --run
 KEPT = (2, 4, 8, 12)
 # The tasks whose data name each sentence's document: probed again with the state carried (--context document).
 DOCUMENT_TASKS = ("pos", "pos_xpos", "pos_wsj", "deps", "wsd", "coref")
+
+
+def probes_dir() -> Path:
+    return ROOT / "results" / "probe" / PROBE_DIRS.get(RUN, "")
 
 
 def config_path() -> Path:
@@ -331,9 +337,9 @@ def write_record(cfg: dict, record: dict | None = None) -> None:
 
 def probe(args) -> int:
     """``elmo probe all`` on a milestone of the run (or ``default``) into results/probe/LABEL (with
-    ``--headline``: into results/probe itself, the final model's report), then every run there
-    side by side, ordered by training tokens (``elmo probe compare``), into
-    results/probe/comparison.md."""
+    ``--headline``: into results/probe itself, the final model's report; round one's under
+    results/probe/round-one), then every run there side by side, ordered by training tokens
+    (``elmo probe compare``), into comparison.md there."""
     cfg = config()
     run = run_dir(cfg)
     if args.model == "default":
@@ -347,7 +353,8 @@ def probe(args) -> int:
         step = int(args.model.split("-")[-1])
         tokens = step * cfg["batch_size"] * cfg["unroll"]
         label = f"science-{tokens / 1e6:.0f}M"
-    out = PROBES if args.headline else PROBES / label
+    probes = probes_dir()
+    out = probes if args.headline else probes / label
     owner = (out / "LABEL").read_text().strip() if (out / "LABEL").is_file() else None
     if args.headline and (out / "results.json").is_file() and owner != label:
         # results.json accumulates tasks: another model's would mix into this one's.
@@ -380,13 +387,14 @@ def probe(args) -> int:
                 "--context", "document"]
         sh(doc, log=out / "probe-document.log")
     runs = []
-    for d in [PROBES, *(p for p in PROBES.iterdir() if p.is_dir() and p.name not in ("coref-document", "document"))]:
+    others = ("coref-document", "document", *PROBE_DIRS.values())
+    for d in [probes, *(p for p in probes.iterdir() if p.is_dir() and p.name not in others)]:
         if (d / "results.json").is_file():
             n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
             name = (d / "LABEL").read_text().strip() if (d / "LABEL").is_file() else d.name
             runs.append((n, name, os.path.relpath(d, ROOT)))
     runs = [f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in sorted(runs)]
-    sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare", *runs, "--out", os.path.relpath(PROBES, ROOT)])
+    sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare", *runs, "--out", os.path.relpath(probes, ROOT)])
     return 0
 
 
