@@ -4,6 +4,7 @@ run's record kept whole in results/science/RUN/record.json.
     .venv/bin/python scripts/science.py train --minutes 140    # one chunk: resume, train, checkpoint, stop
     .venv/bin/python scripts/science.py record                  # rewrite the record from the run
     .venv/bin/python scripts/science.py probe step-003906       # every probe on a milestone (or: default)
+    .venv/bin/python scripts/science.py probe small             # the same suite on a published model
     .venv/bin/python scripts/science.py probe step-062500 --headline   # the final model, in results/probe
 
 ``--run NAME`` (before the command) picks the run, ``configs/science/NAME.json``: ``small-160m``
@@ -342,8 +343,15 @@ def probe(args) -> int:
     (``elmo probe compare``), into comparison.md there."""
     cfg = config()
     run = run_dir(cfg)
+    from torchelmo.model.registry import ALIASES, is_published
     if args.model == "default":
         model, label, tokens = "default", "default", None
+    elif is_published(args.model):
+        # AllenNLP's published weights (downloaded once, then cached): the same suite on the
+        # paper's models; label by alias, so that `small` and its long name are one run.
+        model = args.model
+        label = "published-" + next((a for a, n in ALIASES.items() if args.model in (a, n)), args.model)
+        tokens = None
     else:
         # The one in the repository if it is there (the results name it), else the run's.
         where = models_dir() if args.model in committed_models() else run / "milestones"
@@ -359,7 +367,9 @@ def probe(args) -> int:
     if args.headline and (out / "results.json").is_file() and owner != label:
         # results.json accumulates tasks: another model's would mix into this one's.
         sys.exit(f"science.py: {out / 'results.json'} holds another model's probes; move it away first")
-    # The static baseline's text is the biLM's own training text; the config names it by pattern.
+    # The static baseline's text is the biLM's own training text, which the config names by pattern
+    # (for a published model, this run's text: the 1B Word Benchmark is not here).
+    prepare(cfg)
     corpus = sorted(os.path.relpath(f, ROOT) for pattern in cfg["train"] for f in glob.glob(str(ROOT / pattern)))
     cmd = [sys.executable, "-m", "torchelmo.cli", "probe", "all", "--model", model, "--data",
            os.path.relpath(DATA, ROOT), "--out", os.path.relpath(out, ROOT), "--corpus", *corpus]
@@ -412,7 +422,8 @@ def main() -> int:
                    help="the run's checkpoints are gone: train again from what is here, the loss recorded")
     t.set_defaults(func=train)
     p = sub.add_parser("probe", help="every probe on a milestone (or the default model), then the comparison")
-    p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record) or 'default'")
+    p.add_argument("model", help="a milestone's name (step-NNNNNN, see the record), 'default', or a published "
+                                 "model (small, original, ...: elmo info --list; downloads its weights once)")
     p.add_argument("--tasks", help="a subset of elmo probe all's tasks")
     p.add_argument("--threads", type=int)
     p.add_argument("--ner-seeds", type=int, default=3,
