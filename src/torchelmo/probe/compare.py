@@ -7,7 +7,8 @@ many tokens that model had read) order the runs of one model along its training.
 folder gets ``comparison.json`` (the headline numbers of every run, and the verdicts) and
 ``comparison.md``: per task, each model's per-layer scores with intervals and its mix weights; the
 paired E2 - E1 difference of every run; and what is shown and what is not, for the orderings the
-paper reports and the protocol expects (see ``docs/science.md``). With matplotlib, ``gaps.png``
+paper reports and the protocol expects, and each source's claims with every run's verdict
+(:mod:`torchelmo.probe.claims`; ``docs/science.md``). With matplotlib, ``gaps.png``
 draws every run's E2 - E1 per task, so a gap's movement along training shows at a glance.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ElmoError
 from ..io.fileio import atomic_path
+from .claims import SOURCES, judge
 from .report import (
     EXPECTED,
     PAPER,
@@ -58,9 +60,15 @@ def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
     if len({label for label, _, _ in runs}) != len(runs):
         raise ElmoError("probe compare: two runs have the same label; name them LABEL=FOLDER")
     out: dict = {"runs": [{"label": label, "folder": str(path), "tokens": tokens} for label, path, tokens in runs],
-                 "tasks": {}}
+                 "tasks": {}, "claims": []}
+    claims: dict[tuple, dict] = {}
     for label, path, tokens in runs:
-        for task, s in _sections(load_results(path / "results.json")):
+        results = load_results(path / "results.json")
+        for c in judge(results):
+            row = claims.setdefault((c["source"], c["task"], c["claim"]), {
+                k: c[k] for k in ("source", "task", "claim", "cite")} | {"runs": {}})
+            row["runs"][label] = {"verdict": c["verdict"], "evidence": c["evidence"]}
+        for task, s in _sections(results):
             t = out["tasks"].setdefault(task, {"title": _title(task), "expected": expected_ordering(task),
                                                "runs": {}})
             pair = paired_e2_e1(s)
@@ -73,6 +81,7 @@ def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
                 "scores": {k: s[k] for k in _inputs(s)},
                 "intervals": {k: s.get("intervals", {}).get(k) for k in _inputs(s)},
                 "mix_weights": s.get("mix_weights"), "paired_E2_E1": pair, "verdict": verdict}
+    out["claims"] = list(claims.values())
     return out
 
 
@@ -153,8 +162,20 @@ def render(summary: dict, figure: bool = False) -> str:
                 verdicts.append(f"- {t['title']}, {label}: {better} > {worse} "
                                 f"**{v or 'not tested'}**" + (" (the paired interval excludes zero the other way)"
                                                               if v == "reversed" else ""))
+    if summary.get("claims"):
+        lines += ["## The claims by source", "",
+                  "Each source's claim and every run's verdict on it, with its evidence: the paired "
+                  "difference (points) and its 95% interval, or the mix weights over the probe seeds. "
+                  "*shown* only when the interval (or every seed) agrees; *reversed* when it excludes "
+                  "the claim the other way.", "",
+                  "| source | task | claim | " + " | ".join(labels) + " |", "|---|---|---|" + "---|" * len(labels)]
+        for row in summary["claims"]:
+            cells = [f"**{r['verdict']}** {r['evidence']}" if (r := row["runs"].get(label)) else "-" for label in labels]
+            lines.append(f"| {SOURCES[row['source']]} ({row['cite']}) | {_title(row['task'])} | {row['claim']} | "
+                         + " | ".join(cells) + " |")
+        lines.append("")
     if verdicts:
-        lines += ["## What is shown and what is not", "",
+        lines += ["## What is shown and what is not (round one's orderings: the paper's, else the textbook's)", "",
                   "An ordering is *shown* only when the paired interval of E2 - E1 excludes zero in the "
                   "expected direction; *not shown* when it includes zero, whatever the point estimates.", "",
                   *verdicts, ""]

@@ -305,6 +305,18 @@ def plots_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def _claims_section(results: dict) -> list[str]:
+    """Each source's claims on this run's tasks, with the verdict and its evidence."""
+    from .claims import SOURCES, judge
+    rows = judge(results)
+    if not rows:
+        return []
+    return ["## The claims by source", "",
+            "| source | task | claim | verdict | evidence |", "|---|---|---|---|---|",
+            *(f"| {SOURCES[r['source']]} ({r['cite']}) | {_title(r['task'])} | {r['claim']} | **{r['verdict']}** | "
+              f"{r['evidence']} |" for r in rows), ""]
+
+
 def render(results: dict, out_dir: Path) -> Path:
     """Write ``report.md`` and, with matplotlib, the plots into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -344,6 +356,7 @@ def render(results: dict, out_dir: Path) -> Path:
     for task, s in sections:
         if task.startswith("tag"):
             lines += _layer_section(task, s, out_dir, plots)
+    lines += _claims_section(results)
     if plots and _weights_plot(results, out_dir / "mix_weights.png"):
         lines += ["## Learned mix weights", "", "![mix weights](mix_weights.png)", ""]
     path = out_dir / "report.md"
