@@ -16,7 +16,8 @@ A claim is one of three kinds, each judged only where an interval (or every prob
 
 - ``order``: ``better`` beats ``worse`` among E1/E2, by the paired bootstrap interval of E2 - E1;
 - ``weight``: the task's learned mix puts more weight on ``better`` than on ``worse`` in every
-  probe seed (the weights have no bootstrap interval; the seeds are the evidence);
+  probe seed, of at least :data:`MIN_SEEDS` (the weights have no bootstrap interval; the seeds
+  are the evidence);
 - ``pair``: the NER tagger on ``better`` beats it on ``worse``, by the paired interval of their
   difference.
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Probe seeds a mix-weight verdict needs: one seed's weights could be any optimisation's accident.
+MIN_SEEDS = 3
 SOURCES = {"paper": "Peters et al. 2018", "textbook": "textbook summary",
            "literature": "later literature"}
 
@@ -85,9 +88,12 @@ def verdict(claim: Claim, section: dict | None) -> dict:
         b, w = int(claim.better[1:]), int(claim.worse[1:])
         ahead = sum(s[b] > s[w] for s in seeds)
         v = "shown" if ahead == len(seeds) else "reversed" if ahead == 0 else "not shown"
+        if len(seeds) < MIN_SEEDS:
+            v = "not shown"
         mean = [sum(s[k] for s in seeds) / len(seeds) for k in (b, w)]
         return {"verdict": v, "evidence": f"{claim.better} {mean[0]:.2f} vs {claim.worse} {mean[1]:.2f}, "
-                                          f"{claim.better} ahead in {ahead} of {len(seeds)} seeds"}
+                                          f"{claim.better} ahead in {ahead} of {len(seeds)} seeds"
+                                          + (f" (fewer than {MIN_SEEDS}: no verdict)" if len(seeds) < MIN_SEEDS else "")}
     lo_hi = ("E1", "E2") if claim.kind == "order" else (claim.worse, claim.better)
     name = f"{lo_hi[1]}-{lo_hi[0]}"
     p = _paired(section, name)
