@@ -396,16 +396,27 @@ def probe(args) -> int:
         doc += ["--out", os.path.relpath(out / "document", ROOT), "--tasks", ",".join(with_docs),
                 "--context", "document"]
         sh(doc, log=out / "probe-document.log")
-    runs = []
+    compare_runs(probes)
+    return 0
+
+
+def compare_runs(probes: Path) -> None:
+    """Every model's run under ``probes`` side by side (``elmo probe compare``), ordered by the
+    tokens each model read, into comparison.md there; the carried-state runs (each run's
+    ``document/``) likewise into ``comparison-document/``."""
+    found = []
     others = ("coref-document", "document", *PROBE_DIRS.values())
     for d in [probes, *(p for p in probes.iterdir() if p.is_dir() and p.name not in others)]:
         if (d / "results.json").is_file():
             n = int((d / "TOKENS").read_text()) if (d / "TOKENS").is_file() else 0
             name = (d / "LABEL").read_text().strip() if (d / "LABEL").is_file() else d.name
-            runs.append((n, name, os.path.relpath(d, ROOT)))
-    runs = [f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in sorted(runs)]
-    sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare", *runs, "--out", os.path.relpath(probes, ROOT)])
-    return 0
+            found.append((n, name, d))
+    for sub, out in (("", probes), ("document", probes / "comparison-document")):
+        runs = [(n, name, os.path.relpath(d / sub, ROOT)) for n, name, d in sorted(found)
+                if (d / sub / "results.json").is_file()]
+        if runs:
+            sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare",
+                *(f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in runs), "--out", os.path.relpath(out, ROOT)])
 
 
 def main() -> int:
