@@ -404,7 +404,7 @@ def continue_point(model_dir: str | Path, cfg: TrainConfig, lm: LanguageModel) -
     if not isinstance(point, dict) or not all(isinstance(point.get(k), dict) for k in ("config", "progress", "data")):
         raise ElmoError(f"--continue-from {src}: not a model a training run saved with what continuing "
                         f"it needs (no {CONTINUE_KEY!r} record of config, progress and data in {meta_path.name})")
-    # A whole config: None there is a setting left at its default, not one given.
+    # The whole config, not only what was given: None there (an option left unset, --lr say) matches.
     changed = changed_settings(point["config"], asdict(cfg), unset=("auto", None))
     if changed:
         raise ElmoError(f"--continue-from {src}: the run it was saved from had other settings: {'; '.join(changed)}")
