@@ -384,11 +384,12 @@ def probe(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "TOKENS").write_text(f"{tokens or 0}\n")
     (out / "LABEL").write_text(f"{label}\n")
-    sh(cmd, log=out / "probe.log")
+    if args.condition != "document":
+        sh(cmd, log=out / "probe.log")
     # Round two: every task whose data names documents again, each sentence's features carrying
     # the LSTM state of its document's previous sentences (NER's WNUT-17 names none).
     with_docs = [t for t in (args.tasks.split(",") if args.tasks else DOCUMENT_TASKS) if t in DOCUMENT_TASKS]
-    if with_docs:
+    if with_docs and args.condition != "zero":
         doc = list(cmd)
         for flag in ("--out", "--tasks"):     # replaced below
             if flag in doc:
@@ -442,6 +443,9 @@ def main() -> int:
     p.add_argument("--probe-seeds", type=int, default=3,
                    help="probes per input in the other tasks (elmo probe's --probe-seeds; default 3)")
     p.add_argument("--no-control", action="store_true", help="skip the random-weights control")
+    p.add_argument("--condition", choices=("both", "zero", "document"), default="both",
+                   help="the features' condition: each sentence from the zero state, with the state carried "
+                        "through its document, or both (the default; a run cut short goes on with the one missing)")
     p.add_argument("--headline", action="store_true",
                    help="write into results/probe itself: the final model's report (results.json, report.md)")
     p.set_defaults(func=probe)
