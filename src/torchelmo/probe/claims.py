@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .common import task_sections
+
 # Probe seeds a mix-weight verdict needs: one seed's weights could be any optimisation's accident.
 MIN_SEEDS = 3
 SOURCES = {"paper": "Peters et al. 2018", "textbook": "textbook summary",
@@ -107,10 +109,9 @@ def verdict(claim: Claim, section: dict | None) -> dict:
 
 
 def sections(results: dict) -> dict[str, dict]:
-    """The sections of ``results`` that claims name (``deps`` split into its three probes)."""
-    out = {t: results[t] for t in (*_POS, "wsd", "coref", "ner") if t in results}
-    out.update({f"deps_{t}": results["deps"][t] for t in ("uas", "labels", "uuas") if t in results.get("deps", {})})
-    return out
+    """The per-layer sections of ``results`` (:func:`~.common.task_sections`, ``deps`` split into
+    its three probes) and NER's."""
+    return dict(task_sections(results)) | ({"ner": results["ner"]} if "ner" in results else {})
 
 
 def judge(results: dict) -> list[dict]:

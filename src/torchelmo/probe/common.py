@@ -97,3 +97,13 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
     model.load_state_dict(best)
     model.eval()
     return {"best_score": best_score, "best_epoch": best_epoch, "epochs": len(history), "history": history}
+
+
+def task_sections(results: dict) -> list[tuple[str, dict]]:
+    """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
+    dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
+    out = [(t, results[t]) for t in ("pos", "pos_xpos", "pos_wsj") if t in results]
+    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels", "uuas") if t in results.get("deps", {})]
+    out += [(t, results[t]) for t in ("wsd", "coref") if t in results]
+    out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
+    return out

@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 
 from ..io.fileio import atomic_path, read_json
+from .claims import SOURCES, judge
 from .common import layer_names
+from .common import task_sections as _sections
 from .deps import NO_RESIDUAL
 
 # Peters et al. (2018), Table 5 (WSD F1 on Raganato's four test sets without SemEval-2007, which
@@ -310,7 +312,6 @@ def plots_available() -> bool:
 
 def _claims_section(results: dict) -> list[str]:
     """Each source's claims on this run's tasks, with the verdict and its evidence."""
-    from .claims import SOURCES, judge
     rows = judge(results)
     if not rows:
         return []
@@ -368,16 +369,6 @@ def render(results: dict, out_dir: Path) -> Path:
     return path
 
 
-def _sections(results: dict) -> list[tuple[str, dict]]:
-    """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
-    dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
-    out = [(t, results[t]) for t in ("pos", "pos_xpos", "pos_wsj") if t in results]
-    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels", "uuas") if t in results.get("deps", {})]
-    out += [(t, results[t]) for t in ("wsd", "coref") if t in results]
-    out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
-    return out
-
-
 def _title(task: str) -> str:
     if task == "tag" or task.startswith("tag:"):
         return f"Tags `{task}`"
@@ -385,8 +376,8 @@ def _title(task: str) -> str:
 
 
 def _wsd_paper_set(s: dict) -> list[str]:
-    """WSD on the paper's evaluation set (ALL without SemEval-2007, which is also the mix's dev
-    set), each input beside the paper's number and both baselines."""
+    """WSD on the paper's evaluation set (ALL without SemEval-2007, the mix's dev set), each
+    input beside the paper's number and both baselines."""
     t = s.get("details", {}).get("trained", {})
     rows = [(k, (t.get("layers", {}).get(k) or {}).get(WSD_PAPER_SET) or {"f1": v})
             for k, v in s["all_minus_dev"].items()]
