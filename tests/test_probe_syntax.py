@@ -265,6 +265,29 @@ def test_tree_distances_spanning_tree_and_uuas_of_a_hand_set_probe():
     assert model.loss(torch.from_numpy(x), b).item() == pytest.approx(want.item())
 
 
+def test_the_structural_probes_distances_are_the_squared_pairwise_differences():
+    # Two sentences of different lengths in one padded batch: every pair's distance, and the
+    # gradient of a loss through them, equal those of the differences taken one pair at a time.
+    from torchelmo.probe.common import Standardize
+    from torchelmo.probe.deps import Batch, DistanceProbe, Encoder, Trees
+    sents = [DepSentence(list("abcde"), [2, 0, 2, 5, 2], ["x"] * 5), DepSentence(list("ab"), [0, 1], ["x"] * 2)]
+    trees = Trees.build(sents, {"x": 0})
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((7, 8)).astype(np.float32))
+    torch.manual_seed(0)
+    model = DistanceProbe(Encoder(Standardize(np.zeros(8), np.ones(8))), 8, 3)
+    b = Batch.of(trees, np.array([0, 1]))
+    got = model(x, b)
+    assert got.shape == (2, 5, 5)
+    u = model.proj(x)
+    for s, (a, n) in enumerate([(0, 5), (5, 2)]):
+        want = ((u[a:a + n, None] - u[None, a:a + n]) ** 2).sum(-1)
+        assert torch.allclose(got[s, :n, :n], want, atol=1e-5)
+    g_fast = torch.autograd.grad(got[1, :2, :2].sum() + got[0].sum(), model.proj.weight)[0]
+    g_ref = torch.autograd.grad((((u[:5, None] - u[None, :5]) ** 2).sum()
+                                 + ((u[5:, None] - u[None, 5:]) ** 2).sum()), model.proj.weight)[0]
+    assert torch.allclose(g_fast, g_ref, rtol=1e-4, atol=1e-4)
+
+
 def test_the_structural_probe_learns_a_tree_that_the_features_hold():
     # Features: each word's position one-hot, plus noise; every sentence has the same tree, so a
     # linear map can place the words where their squared distances are the tree's.
