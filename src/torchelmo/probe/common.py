@@ -99,6 +99,17 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
     return {"best_score": best_score, "best_epoch": best_epoch, "epochs": len(history), "history": history}
 
 
+def mix_summary(mixes: list[nn.Module]) -> dict:
+    """What the trained ScalarMixes of one probe's seeds learnt: their mean ``weights``
+    (softmax(s), one per layer) and ``gamma``, and, over more than one seed, each seed's weights
+    (``seed_weights``: a claim about the mix must hold for every seed, not for the mean)."""
+    out = {"weights": np.mean([m.weights() for m in mixes], axis=0).tolist(),
+           "gamma": float(np.mean([m.gamma_value() for m in mixes]))}
+    if len(mixes) > 1:
+        out["seed_weights"] = [m.weights() for m in mixes]
+    return out
+
+
 def task_sections(results: dict) -> list[tuple[str, dict]]:
     """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
     dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""

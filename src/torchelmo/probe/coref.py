@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, check_seeds, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names, mix_summary
 from .features import Features, Span
 from .litbank import CorefDocument, part_sizes, read_litbank, split_documents
 from .stats import UnitScores, f1_from_counts
@@ -284,10 +284,7 @@ def run_coref(train: Features | np.ndarray, dev: Features | np.ndarray, test: Fe
     if mix:
         r, models = fits("mix", lambda: PairProbe(Standardize.fit(xs[0], token_axis=1), F, num_layers=L),
                          t[0], t[1], t[2])
-        r["weights"] = np.mean([m.mix.weights() for m in models], axis=0).tolist()
-        r["gamma"] = float(np.mean([m.mix.gamma_value() for m in models]))
-        if cfg.seeds > 1:
-            r["seed_weights"] = [m.mix.weights() for m in models]
+        r.update(mix_summary([m.mix for m in models]))
         res["mix"] = r
         log(f"coref: mix test pairwise F1 {r['f1']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
             f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}{spread(r)}")

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, check_seeds, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names, mix_summary
 from .conll import DepSentence
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
@@ -488,11 +488,7 @@ def run_deps(train: Features, dev: Features, test: Features,
                                  penalty=lambda: mixer.l2_penalty(cfg.mix_l2))
                 return model, info, evaluate(model, x_te, d_te, token_axis=1)
             r, models = fits(task, "mix", run_mix)
-            mixes = [m.encoder.mix for m in models]
-            r["weights"] = np.mean([mx.weights() for mx in mixes], axis=0).tolist()
-            r["gamma"] = float(np.mean([mx.gamma_value() for mx in mixes]))
-            if cfg.seeds > 1:
-                r["seed_weights"] = [mx.weights() for mx in mixes]
+            r.update(mix_summary([m.encoder.mix for m in models]))
             res[task]["mix"] = r
             _show(log, task, "mix", r)
     distance = arc_distances(d_te)

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import ElmoError
 from ..model.mix import ScalarMix
-from .common import Standardize, check_seeds, fit_early_stopped, layer_names
+from .common import Standardize, check_seeds, fit_early_stopped, layer_names, mix_summary
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
 
@@ -189,10 +189,7 @@ def run_pos(train: Features, dev: Features, test: Features, tags: tuple[list, li
             return model, info, predict(model, x_te, token_axis=1)
         r = fits(make_mix, "mix")
         models = r.pop("_models")
-        r["weights"] = np.mean([m.mix.weights() for m in models], axis=0).tolist()
-        r["gamma"] = float(np.mean([m.mix.gamma_value() for m in models]))
-        if cfg.seeds > 1:
-            r["seed_weights"] = [m.mix.weights() for m in models]
+        r.update(mix_summary([m.mix for m in models]))
         res["mix"] = r
         log(f"{label}: mix test acc {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}], softmax(s) = "
             f"{[round(w, 3) for w in r['weights']]}, gamma = {r['gamma']:.3f}{spread(r)}")
