@@ -415,9 +415,13 @@ def compare_runs(probes: Path) -> None:
     for sub, out in (("", probes), ("document", probes / "comparison-document")):
         runs = [(n, name, os.path.relpath(d / sub, ROOT)) for n, name, d in sorted(found)
                 if (d / sub / "results.json").is_file()]
+        # The default decision (docs/science.md): this run's latest model against the default.
+        trained = [name for n, name, _ in runs if n]
+        decide = ["--decide", f"{trained[-1]}:default"] if trained and "default" in [r[1] for r in runs] else []
         if runs:
             sh([sys.executable, "-m", "torchelmo.cli", "probe", "compare",
-                *(f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in runs), "--out", os.path.relpath(out, ROOT)])
+                *(f"{name}@{n}={d}" if n else f"{name}={d}" for n, name, d in runs),
+                "--out", os.path.relpath(out, ROOT), *decide])
 
 
 def main() -> int:

@@ -81,6 +81,9 @@ def add_subcommand(sub) -> None:
                    help="the folder of an elmo probe run (its results.json); LABEL names it in the "
                         "tables, TOKENS (training tokens read) orders one model's runs")
     q.add_argument("--out", type=Path, required=True, help="folder for comparison.md and comparison.json")
+    q.add_argument("--decide", metavar="CANDIDATE:INCUMBENT",
+                   help="also apply the rule for replacing a default model (better on most tasks, worse "
+                        "beyond overlapping intervals on none) to two of the runs, by label")
     q.set_defaults(func=_compare)
     q = tasks.add_parser("report", help="rewrite report.md and the plots from OUT/results.json")
     q.add_argument("--out", type=Path, required=True, help="folder holding results.json")
@@ -96,7 +99,7 @@ def default_cache_dir() -> Path:
 
 def _compare(args) -> int:
     from ..probe.compare import compare, parse_run, write
-    path = write(compare([parse_run(r) for r in args.runs]), args.out)
+    path = write(compare([parse_run(r) for r in args.runs], args.decide), args.out)
     print(f"wrote {path}")
     return 0
 

@@ -10,6 +10,10 @@ paired E2 - E1 difference of every run; and what is shown and what is not, for t
 paper reports and the protocol expects, and each source's claims with every run's verdict
 (:mod:`torchelmo.probe.claims`; ``docs/science.md``). With matplotlib, ``gaps.png``
 draws every run's E2 - E1 per task, so a gap's movement along training shows at a glance.
+
+``--decide CANDIDATE:INCUMBENT`` adds the rule for replacing a default model
+(:func:`default_decision`): the candidate must be better on the majority of the tasks both runs
+probed and worse beyond overlapping intervals on none.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from ..errors import ElmoError
 from ..io.fileio import atomic_path
 from .claims import SOURCES, judge
+from .deps import NO_RESIDUAL
 from .report import (
     EXPECTED,
     PAPER,
@@ -55,10 +60,12 @@ def expected_ordering(task: str) -> tuple[str, str] | None:
     return EXPECTED.get(task)
 
 
-def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
-    """Headline numbers and verdicts of every run, per task."""
+def compare(runs: list[tuple[str, Path, int | None]], decide: str | None = None) -> dict:
+    """Headline numbers and verdicts of every run, per task; with ``decide``
+    (``CANDIDATE:INCUMBENT``), the default decision between two of them."""
     if len({label for label, _, _ in runs}) != len(runs):
         raise ElmoError("probe compare: two runs have the same label; name them LABEL=FOLDER")
+    decision = parse_decision(decide, [label for label, _, _ in runs]) if decide else None
     out: dict = {"runs": [{"label": label, "folder": str(path), "tokens": tokens} for label, path, tokens in runs],
                  "tasks": {}, "claims": []}
     claims: dict[tuple, dict] = {}
@@ -82,7 +89,54 @@ def compare(runs: list[tuple[str, Path, int | None]]) -> dict:
                 "intervals": {k: s.get("intervals", {}).get(k) for k in _inputs(s)},
                 "mix_weights": s.get("mix_weights"), "paired_E2_E1": pair, "verdict": verdict}
     out["claims"] = list(claims.values())
+    if decision:
+        folders = {label: path for label, path, _ in runs}
+        out["decision"] = default_decision(*((label, load_results(folders[label] / "results.json")) for label in decision))
     return out
+
+
+def task_scores(results: dict) -> dict[str, dict]:
+    """Each task's score as a user of the model meets it: the learned mix of the layers where the
+    task trained one (NER's tagger always does), else its best single layer; with its interval:
+    ``{task: {"input", "score", "ci"}}``."""
+    sections = _sections(results) + ([("ner", results["ner"])] if "ner" in results else [])
+    out = {}
+    for task, s in sections:
+        layers = [k for k in _inputs(s) if k != NO_RESIDUAL] if "mix" not in s else ["mix"]
+        if layers:
+            best = max(layers, key=lambda k: s[k])
+            out[task] = {"input": best, "score": s[best], "ci": s.get("intervals", {}).get(best)}
+    return out
+
+
+def default_decision(candidate: tuple[str, dict], incumbent: tuple[str, dict]) -> dict:
+    """Whether ``candidate`` (label, results) should replace ``incumbent`` as the default: better
+    (by the point estimate) on the majority of the tasks that both probed, and worse beyond
+    overlapping intervals (its upper end below the incumbent's lower end) on none. Both models'
+    task scores, per task, and ``replace``."""
+    (c_label, c), (i_label, i) = candidate, incumbent
+    cs, is_ = task_scores(c), task_scores(i)
+    rows = []
+    for task in [t for t in cs if t in is_]:
+        a, b = cs[task], is_[task]
+        beyond = a["ci"] is not None and b["ci"] is not None and a["ci"][1] < b["ci"][0]
+        rows.append({"task": task, "candidate": a, "incumbent": b, "better": a["score"] > b["score"],
+                     "worse_beyond_intervals": beyond})
+    better = sum(r["better"] for r in rows)
+    blocked = [r["task"] for r in rows if r["worse_beyond_intervals"]]
+    return {"candidate": c_label, "incumbent": i_label, "tasks": rows, "better_on": better,
+            "replace": bool(rows) and better * 2 > len(rows) and not blocked, "worse_beyond_intervals": blocked}
+
+
+def parse_decision(spec: str, labels: list[str]) -> tuple[str, str]:
+    """``CANDIDATE:INCUMBENT`` -> the two labels, each one of the compared runs'."""
+    cand, sep, inc = spec.partition(":")
+    if not sep or not cand or not inc:
+        raise ElmoError(f"--decide {spec}: expected CANDIDATE:INCUMBENT, two of the runs' labels")
+    for label in (cand, inc):
+        if label not in labels:
+            raise ElmoError(f"--decide {spec}: no run labelled {label!r} (runs: {', '.join(labels)})")
+    return cand, inc
 
 
 def _pct(v, ci=None) -> str:
@@ -179,9 +233,32 @@ def render(summary: dict, figure: bool = False) -> str:
                   "An ordering is *shown* only when the paired interval of E2 - E1 excludes zero in the "
                   "expected direction; *not shown* when it includes zero, whatever the point estimates.", "",
                   *verdicts, ""]
+    if summary.get("decision"):
+        lines += _decision_lines(summary["decision"])
     if figure:
         lines += ["![E2 - E1 per task and model; the expected side shaded](gaps.png)", ""]
     return "\n".join(lines) + "\n"
+
+
+def _decision_lines(d: dict) -> list[str]:
+    c, i = d["candidate"], d["incumbent"]
+    lines = [f"## Should {c} replace {i} as the default?", "",
+             f"The rule: {c} better on the majority of the tasks both were probed on, and worse beyond "
+             "overlapping intervals (its interval's upper end below the other's lower end) on none. Each "
+             "task's score is the one a user meets: the learned mix of the layers, else the best single "
+             "layer (test, %, 95% interval).", "",
+             f"| task | input | {c} | {i} | {c} better | worse beyond the intervals |", "|---|---|---|---|---|---|"]
+    for r in d["tasks"]:
+        a, b = r["candidate"], r["incumbent"]
+        inputs = a["input"] if a["input"] == b["input"] else f"{a['input']} / {b['input']}"
+        lines.append(f"| {_title(r['task'])} | {inputs} | {_pct(a['score'], a['ci'])} | {_pct(b['score'], b['ci'])} | "
+                     f"{'yes' if r['better'] else 'no'} | {'**yes**' if r['worse_beyond_intervals'] else 'no'} |")
+    n = len(d["tasks"])
+    verdict = "**replace**" if d["replace"] else "**keep**"
+    why = (f"better on {d['better_on']} of {n} tasks" +
+           (f"; worse beyond the intervals on {', '.join(_title(t) for t in d['worse_beyond_intervals'])}"
+            if d["worse_beyond_intervals"] else "; worse beyond the intervals on none"))
+    return lines + ["", f"Verdict: {verdict} ({why}).", ""]
 
 
 def write(summary: dict, out_dir: Path) -> Path:
