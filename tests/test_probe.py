@@ -536,6 +536,27 @@ def test_early_stopping_breaks_ties_on_a_second_score():
     assert (fit["best_epoch"], fit["epochs"]) == (1, 4)
 
 
+def test_early_stopping_divides_the_learning_rate_after_each_epoch_that_does_not_improve(monkeypatch):
+    # Hewitt & Manning's plateau schedule: every epoch without a strict improvement of the dev
+    # score multiplies the learning rate by lr_decay; improving epochs leave it alone.
+    import torch.nn as nn
+
+    from torchelmo.probe.common import fit_early_stopped
+    model, lrs, step = nn.Linear(2, 1), [], torch.optim.Adam.step
+
+    def recording_step(self, *a, **k):
+        lrs.append(self.param_groups[0]["lr"])
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    scores = iter([0.1, 0.2, 0.2, 0.3, 0.25, 0.25, 0.2])
+    fit = fit_early_stopped(model, lambda: iter([model(torch.ones(1, 2)).sum()]), lambda: next(scores), lr=1.0,
+                            max_epochs=7, patience=3, lr_decay=0.1)
+    assert (fit["best_epoch"], fit["epochs"]) == (4, 7)
+    # epochs 1, 2 improve; 3 does not (lr / 10 from epoch 4); 4 improves; 5, 6 do not; 7 stops.
+    assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.1, 0.1, 0.01, 0.001])
+
+
 # -- deeper models, the cache folder, --out, the report's orderings, the static corpus ---------------
 
 def test_probes_and_report_name_every_layer_of_a_deeper_model(tmp_path):

@@ -400,8 +400,14 @@ def test_cli_deps_end_to_end_with_control(allennlp_dir, tmp_path, capsys):
     assert set(u["paired"]) == {"E2-E1", "E2 (no residual)-E1", "E2-E2 (no residual)"}
     assert u["by_distance"]["words"] == [0, 24, 8, 8, 0]     # the root's dependent has no edge
     assert "E2 (no residual)" in res["uas"] and "E2 (no residual)" not in res["labels"]
+    # ... and again under Hewitt & Manning's schedule (kept by dev loss): its fits carry the loss.
+    h = res["uuas_hm"]
+    assert h["baseline"] == {"chain": 0.6} and {"E0", "E1", "E2", "E2 (no residual)", "mix"} <= set(h)
+    fit = h["details"]["trained"]["layers"]["E1"]
+    assert fit["dev_loss"] == pytest.approx(min(fit["dev_history"])) and 0 <= fit["dev_acc"] <= 1
     report = (out / "report.md").read_text()
     assert "## Dependency tree distances (structural probe) (UUAS, %)" in report
+    assert "## Dependency tree distances (structural probe, Hewitt & Manning's schedule) (UUAS, %)" in report
     assert "| E2 (no residual) |" in report
     assert "intervals resample the test documents" in (out / "report.md").read_text()
     # Nothing to default the files from: a one-line error.

@@ -293,7 +293,7 @@ def _deps(args, models, cache) -> dict:
                              residual=bool(getattr(m.config, "use_skip_connections", False)))
     res = summarize_deps(out["trained"], out.get("control_random"))
     res["context"] = args.context
-    for t in ("uas", "labels", "uuas"):
+    for t in ("uas", "labels", "uuas", "uuas_hm"):
         res[t]["context"] = args.context
     res["data"] = {"train": str(args.train), "dev": str(args.dev), "test": str(args.test), "limit": args.limit}
     return res

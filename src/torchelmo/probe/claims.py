@@ -54,7 +54,7 @@ class Claim:
 
 
 _POS = ("pos", "pos_xpos", "pos_wsj")
-_DEPS = ("deps_uas", "deps_labels", "deps_uuas")
+_DEPS = ("deps_uas", "deps_labels", "deps_uuas", "deps_uuas_hm")
 CLAIMS: tuple[Claim, ...] = (
     Claim("paper", "wsd", "order", "E2", "E1", "Table 5"),
     *(Claim("paper", t, "order", "E1", "E2", "Table 6") for t in _POS),

@@ -64,7 +64,7 @@ class Standardize(nn.Module):
 def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torch.Tensor]],
                       dev_score: Callable[[], float], *, lr: float, max_epochs: int, patience: int,
                       weight_decay: float = 0.0, min_epochs: int = 1,
-                      tie_break: Callable[[], float] | None = None) -> dict:
+                      tie_break: Callable[[], float] | None = None, lr_decay: float | None = None) -> dict:
     """Adam over ``epoch_losses()`` per epoch, early-stopped on ``dev_score()``.
 
     ``epoch_losses()`` yields one epoch's mini-batch losses, each computed just before its step
@@ -72,12 +72,15 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
     better). Training stops after ``patience`` epochs without a strict improvement, but never
     before ``min_epochs``. ``tie_break()`` (higher is better; called right after ``dev_score()``,
     for the same epoch) decides between epochs of equal dev score, so that a flat stretch of it (a tagger that predicts no entity yet has F1 0 epoch after
-    epoch) does not end training while the model still improves. The best epoch's weights are
+    epoch) does not end training while the model still improves. ``lr_decay``: the learning rate
+    is multiplied by it after every epoch that does not improve (a plateau schedule with no
+    patience, as Hewitt & Manning train their structural probe). The best epoch's weights are
     loaded back and the model is left in eval mode. Returns ``{"best_score", "best_epoch",
     "epochs", "history"}`` (dev score per epoch).
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    best, best_key, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), (-1.0, -math.inf), -1.0, 0, 0
+    # any first epoch beats the start, whatever the score's sign (a negated loss is negative)
+    best, best_key, best_score, best_epoch, bad = copy.deepcopy(model.state_dict()), (-math.inf, -math.inf), -math.inf, 0, 0
     history: list[float] = []
     for epoch in range(1, max_epochs + 1):
         model.train()
@@ -94,6 +97,9 @@ def fit_early_stopped(model: nn.Module, epoch_losses: Callable[[], Iterable[torc
             bad += 1
             if bad >= patience and epoch >= min_epochs:
                 break
+            if lr_decay is not None:
+                for group in opt.param_groups:
+                    group["lr"] *= lr_decay
     model.load_state_dict(best)
     model.eval()
     return {"best_score": best_score, "best_epoch": best_epoch, "epochs": len(history), "history": history}
@@ -114,7 +120,7 @@ def task_sections(results: dict) -> list[tuple[str, dict]]:
     """The per-layer tasks of ``results`` in report order: ``(name, flat summary)``; the two
     dependency probes are ``deps_uas`` and ``deps_labels``, tag probes ``tag`` / ``tag:NAME``."""
     out = [(t, results[t]) for t in ("pos", "pos_xpos", "pos_wsj") if t in results]
-    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels", "uuas") if t in results.get("deps", {})]
+    out += [(f"deps_{t}", results["deps"][t]) for t in ("uas", "labels", "uuas", "uuas_hm") if t in results.get("deps", {})]
     out += [(t, results[t]) for t in ("wsd", "coref") if t in results]
     out += [(t, results[t]) for t in sorted(results) if t == "tag" or t.startswith("tag:")]
     return out

@@ -17,6 +17,9 @@ early-stopped on the development score (the best dev epoch's weights are kept).
   Metric: UUAS, the fraction of the gold tree's edges (undirected, ROOT left out) in the minimum
   spanning tree of the predicted distances. A standard probe of syntax beside the bilinear one:
   it asks whether the tree is a geometry of the layer, not whether a classifier can pick heads.
+  Early-stopped on dev UUAS like the other probes (``uuas``), and again under Hewitt & Manning's
+  own schedule (``uuas_hm``): the epoch of the lowest dev loss kept, the learning rate divided by
+  10 after every epoch that does not lower it.
 
 The arc and structural probes also read E2 without its residual connection (``E2 (no residual)``:
 E2 - E1, layer 2's LSTM output alone, for a model with residual connections), to see whether an
@@ -41,7 +44,8 @@ from .conll import DepSentence
 from .features import Features
 from .stats import UnitScores, accuracy_from_counts
 
-TASKS = ("uas", "labels", "uuas")
+TASKS = ("uas", "labels", "uuas", "uuas_hm")
+STRUCTURAL = ("uuas", "uuas_hm")     # the structural probe, by its two schedules
 NO_RESIDUAL = "E2 (no residual)"
 
 
@@ -292,11 +296,25 @@ def evaluate(model: nn.Module, x: np.ndarray, trees: Trees, token_axis: int = 0,
     return np.concatenate(out) if out else np.zeros(0, dtype=bool)
 
 
+@torch.no_grad()
+def dev_loss(model: nn.Module, x: np.ndarray, trees: Trees, token_axis: int = 0, batch_sentences: int = 256) -> float:
+    """The probe's loss (no penalty) over all of ``trees``, each batch weighted by its sentences."""
+    model.eval()
+    total = 0.0
+    for a in range(0, trees.n_sentences, batch_sentences):
+        b = Batch.of(trees, np.arange(a, min(trees.n_sentences, a + batch_sentences)))
+        total += float(model.loss(_gather(x, b.rows, token_axis), b)) * len(b.sentences)
+    return total / max(trees.n_sentences, 1)
+
+
 def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.ndarray, dev: Trees,
               cfg: DepsConfig, token_axis: int = 0,
-              penalty: Callable[[], torch.Tensor] | None = None) -> dict:
+              penalty: Callable[[], torch.Tensor] | None = None, by_loss: bool = False) -> dict:
     """Adam on the probe's loss over mini-batches of sentences, early-stopped on dev accuracy
-    (UAS for arcs, UUAS for distances); the best epoch's weights are kept in ``model``."""
+    (UAS for arcs, UUAS for distances); the best epoch's weights are kept in ``model``.
+    ``by_loss`` (Hewitt & Manning's schedule for the structural probe): early-stopped on the dev
+    loss instead, the learning rate divided by 10 after every epoch that does not lower it;
+    ``dev_acc`` is then the kept epoch's, ``dev_history`` the dev losses."""
     counted = dev.heads > 0 if isinstance(model, DistanceProbe) else None
     g = torch.Generator().manual_seed(cfg.seed)  # own generator: shuffles do not depend on init
 
@@ -311,6 +329,12 @@ def fit_probe(model: nn.Module, x_train: np.ndarray, train: Trees, x_dev: np.nda
         correct = evaluate(model, x_dev, dev, token_axis)
         return float(correct.mean() if counted is None else correct[counted].mean())
 
+    if by_loss:
+        fit = fit_early_stopped(model, epoch_losses, lambda: -dev_loss(model, x_dev, dev, token_axis), lr=cfg.lr,
+                                weight_decay=cfg.weight_decay, max_epochs=cfg.max_epochs, patience=cfg.patience,
+                                lr_decay=0.1)
+        return {"dev_acc": dev_acc(), "dev_loss": -fit["best_score"], "best_epoch": fit["best_epoch"],
+                "epochs": fit["epochs"], "dev_history": [-h for h in fit["history"]]}
     fit = fit_early_stopped(model, epoch_losses, dev_acc, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             max_epochs=cfg.max_epochs, patience=cfg.patience)
     return {"dev_acc": fit["best_score"], "best_epoch": fit["best_epoch"], "epochs": fit["epochs"],
@@ -372,7 +396,7 @@ def _check_inputs(features: tuple[Features, Features, Features],
 
 
 def _show(log: Callable[[str], None], task: str, name: str, r: dict) -> None:
-    what = {"uas": "UAS", "uuas": "UUAS"}.get(task, "label acc")
+    what = {"uas": "UAS", "uuas": "UUAS", "uuas_hm": "UUAS (H&M schedule)"}.get(task, "label acc")
     log(f"deps: {name} {what} {r['acc']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] "
         f"(dev {r['dev_acc']:.4f}, epoch {r['best_epoch']}"
         + (f", sd over {len(r['seeds'])} seeds {r['sd']:.4f})" if len(r.get("seeds", ())) > 1 else ")")
@@ -408,7 +432,8 @@ def run_deps(train: Features, dev: Features, test: Features,
     names = layer_names(L)
     res: dict = {"n_train_words": int(len(d_tr.heads)), "n_test_words": int(len(d_te.heads)),
                  "n_test_sentences": d_te.n_sentences, "config": asdict(cfg),
-                 "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}}, "uuas": {"layers": {}}}
+                 "uas": {"layers": {}}, "labels": {"labels": rels, "layers": {}},
+                 **{task: {"layers": {}} for task in STRUCTURAL}}
     if groups is not None:
         res["n_test_documents"] = len(set(groups))
     scores = {task: UnitScores(accuracy_from_counts, 2, groups, cfg.n_boot, cfg.seed) for task in TASKS}
@@ -417,7 +442,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     edges = d_te.heads > 0      # UUAS counts the gold tree's edges: every word's but the root's dependent
 
     def counts(task: str, correct: np.ndarray) -> np.ndarray:
-        return sentence_counts(correct, d_te.offsets, edges if task == "uuas" else None)
+        return sentence_counts(correct, d_te.offsets, edges if task in STRUCTURAL else None)
 
     def baseline(correct: np.ndarray, task: str = "uas") -> dict:
         return scores[task].once(counts(task, correct), "acc")
@@ -425,7 +450,8 @@ def run_deps(train: Features, dev: Features, test: Features,
     res["uas"]["baselines"] = {f"{side} neighbour": baseline(neighbour_heads(d_te.offsets, k) == d_te.heads)
                                for side, k in (("left", -1), ("right", 1))}
     # The chain of neighbouring words as a tree (Hewitt & Manning's linear baseline).
-    res["uuas"]["baselines"] = {"chain": baseline(np.abs(arc_distances(d_te)) == 1, "uuas")}
+    for task in STRUCTURAL:
+        res[task]["baselines"] = {"chain": baseline(np.abs(arc_distances(d_te)) == 1, task)}
     majority = int(np.bincount(d_tr.labels).argmax())
     res["labels"]["majority"] = {"label": rels[majority], **baseline(d_te.labels == majority)}
     log("deps: baselines: UAS " + ", ".join(f"{k} {v['acc']:.4f}" for k, v in res["uas"]["baselines"].items())
@@ -435,7 +461,7 @@ def run_deps(train: Features, dev: Features, test: Features,
     def probe(task: str, encoder: Encoder) -> nn.Module:
         if task == "uas":
             return ArcScorer(encoder, F, cfg.rank)
-        if task == "uuas":
+        if task in STRUCTURAL:
             return DistanceProbe(encoder, F, cfg.rank)
         return LabelScorer(encoder, F, len(rels))
 
@@ -458,14 +484,15 @@ def run_deps(train: Features, dev: Features, test: Features,
 
     inputs = [(names[k], lambda k=k: (train.layer(k), dev.layer(k), test.layer(k)), TASKS) for k in layers]
     if residual and {1, 2} <= set(layers):
-        inputs.append((NO_RESIDUAL, lambda: tuple(f.layer(2) - f.layer(1) for f in (train, dev, test)), ("uas", "uuas")))
+        inputs.append((NO_RESIDUAL, lambda: tuple(f.layer(2) - f.layer(1) for f in (train, dev, test)),
+                       ("uas", *STRUCTURAL)))
     for name, load, tasks in inputs:
         x_tr, x_dev, x_te = load()
         norm = Standardize.fit(x_tr)   # fixed statistics: the probes may share it
         for task in tasks:
             def run(task=task, x_tr=x_tr, x_dev=x_dev, x_te=x_te, norm=norm):
                 model = probe(task, Encoder(norm))
-                info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg)
+                info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg, by_loss=task == "uuas_hm")
                 return model, info, evaluate(model, x_te, d_te)
             r, _ = fits(task, name, run)
             res[task]["layers"][name] = r
@@ -485,7 +512,7 @@ def run_deps(train: Features, dev: Features, test: Features,
                 model = probe(task, Encoder(norm, L))
                 mixer = model.encoder.mix
                 info = fit_probe(model, x_tr, d_tr, x_dev, d_dev, cfg, token_axis=1,
-                                 penalty=lambda: mixer.l2_penalty(cfg.mix_l2))
+                                 penalty=lambda: mixer.l2_penalty(cfg.mix_l2), by_loss=task == "uuas_hm")
                 return model, info, evaluate(model, x_te, d_te, token_axis=1)
             r, models = fits(task, "mix", run_mix)
             r.update(mix_summary([m.encoder.mix for m in models]))
@@ -495,6 +522,6 @@ def run_deps(train: Features, dev: Features, test: Features,
     for task in TASKS:
         res[task]["units"] = scores[task].units()
         # UUAS: the root's dependent has no edge, so no bucket
-        res[task]["by_distance"] = by_distance(corrects[task], np.where(edges, distance, -1) if task == "uuas"
+        res[task]["by_distance"] = by_distance(corrects[task], np.where(edges, distance, -1) if task in STRUCTURAL
                                                else distance)
     return res

@@ -30,13 +30,14 @@ PAPER["pos_wsj"] = PAPER["pos"]   # the paper's POS numbers are on WSJ
 WSD_PAPER_SET = "all_minus_dev"
 PAPER_FIRST_SENSE = 0.659         # WordNet's first sense on that set, as the paper quotes it
 # Orderings docs/science.md expects where the paper has no numbers (syntax in the lower layer).
-EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "deps_uuas": ("E1", "E2"), "coref": ("E2", "E1"),
+EXPECTED = {"deps_uas": ("E1", "E2"), "deps_labels": ("E1", "E2"), "deps_uuas": ("E1", "E2"), "deps_uuas_hm": ("E1", "E2"), "coref": ("E2", "E1"),
             "pos_xpos": ("E1", "E2")}   # the paper's POS claim, on PTB tags of other text
 METRIC = {"pos": "accuracy", "pos_xpos": "accuracy", "pos_wsj": "accuracy", "deps_uas": "UAS", "deps_labels": "label accuracy",
-          "deps_uuas": "UUAS",
+          "deps_uuas": "UUAS", "deps_uuas_hm": "UUAS",
           "wsd": "F1 (ALL)", "coref": "pairwise F1", "ner": "entity F1"}
 TITLE = {"pos": "UD POS", "pos_xpos": "UD EWT POS, PTB tags (XPOS)", "pos_wsj": "WSJ POS", "deps_uas": "Dependency arcs", "deps_labels": "Dependency labels",
          "deps_uuas": "Dependency tree distances (structural probe)",
+         "deps_uuas_hm": "Dependency tree distances (structural probe, Hewitt & Manning's schedule)",
          "coref": "Coreference (LitBank)"}
 
 
@@ -45,12 +46,14 @@ def summarize_pos(trained: dict, control: dict | None = None) -> dict:
 
 
 def summarize_deps(trained: dict, control: dict | None = None) -> dict:
-    """``{"uas": ..., "labels": ..., "uuas": ...}``, each in the flat shape of :func:`summarize_pos`
-    (results from before the structural probe have no ``uuas``)."""
-    tasks = [t for t in ("uas", "labels", "uuas") if t in trained]
+    """``{"uas": ..., "labels": ..., "uuas": ..., "uuas_hm": ...}``, each in the flat shape of
+    :func:`summarize_pos` (results from before the structural probe, or its second schedule,
+    lack those)."""
+    tasks = [t for t in ("uas", "labels", "uuas", "uuas_hm") if t in trained]
     baselines = {"uas": {k: v["acc"] for k, v in trained["uas"]["baselines"].items()},
                  "labels": {"majority": trained["labels"]["majority"]["acc"]},
-                 "uuas": {k: v["acc"] for k, v in trained.get("uuas", {}).get("baselines", {}).items()}}
+                 **{t: {k: v["acc"] for k, v in trained.get(t, {}).get("baselines", {}).items()}
+                    for t in ("uuas", "uuas_hm")}}
     out = {t: _summarize(trained[t], control and control[t], "acc", baselines[t]) for t in tasks}
     for t in tasks:
         if "by_distance" in trained[t]:
